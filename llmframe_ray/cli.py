@@ -1,0 +1,135 @@
+"""`llmframe-ray` command line: build an index, search it, evaluate retrieval modes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from llmframe_ray.errors import LLMFrameError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+index_app = typer.Typer(no_args_is_help=True, help="Build and inspect indexes.")
+app.add_typer(index_app, name="index")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _settings():
+    from llmframe_ray.config import load_settings
+
+    return load_settings()
+
+
+@index_app.command("build")
+def index_build(
+    sources: List[str] = typer.Argument(..., help="Files, folders, globs or JSONL corpora."),
+    index: Path = typer.Option(..., "--index", help="Index directory (versions are kept inside)."),
+) -> None:
+    """Read, chunk, embed and index documents in this process; publish a new version."""
+    from llmframe_ray.indexing import build_index, stderr_progress
+    from llmframe_ray.ingest.readers import iter_documents
+    from llmframe_ray.models.embedder import load_embedder
+
+    settings = _settings()
+    skipped: list = []
+    documents = list(iter_documents(sources, errors=skipped))
+    for error in skipped:
+        typer.echo(f"skipped {error}", err=True)
+    if not documents:
+        _fail("no readable documents in the given sources")
+    embedder = load_embedder(settings)
+    version = build_index(documents, index, settings, embedder, stderr_progress())
+    typer.echo(f"published version {version} of {index}: {len(documents)} documents")
+    if skipped:
+        raise typer.Exit(1)
+
+
+@index_app.command("sample")
+def index_sample(
+    out: Path = typer.Argument(..., help="Folder to write the sample corpus into."),
+) -> None:
+    """Write the bundled sample corpus (the standard library's docstrings) as Markdown files."""
+    from llmframe_ray.samples import write_stdlib_corpus
+
+    paths = write_stdlib_corpus(out)
+    typer.echo(f"wrote {len(paths)} documents to {out}")
+
+
+@app.command()
+def search(
+    query: str = typer.Argument(..., help="The query text."),
+    index: Path = typer.Option(..., "--index", help="Index directory."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="bm25, dense or hybrid (default: hybrid if HYBRID_SEARCH_ENABLED)."),
+    top_k: int = typer.Option(5, "--top-k", min=1, max=1000),
+    level: str = typer.Option("document", "--level", help="document or chunk"),
+) -> None:
+    """Search an index and print the hits."""
+    from llmframe_ray.models.embedder import load_embedder
+    from llmframe_ray.pipeline import Pipeline
+    from llmframe_ray.types import SearchMode
+
+    settings = _settings()
+    search_mode = None if mode is None else SearchMode.from_str(mode)
+    needs_model = search_mode is not SearchMode.BM25
+    embedder = load_embedder(settings) if needs_model else None
+    pipeline = Pipeline.open(index, settings, embedder)
+    hits = pipeline.search(query, search_mode, top_k, level)
+    used = (search_mode or pipeline.default_mode).value
+    typer.echo(f"{len(hits)} hits for {query!r} (mode {used}):")
+    for hit in hits:
+        ranks = ", ".join(f"{name} #{rank}" for name, rank in sorted(hit.ranks.items()))
+        snippet = " ".join(hit.text.split())[:160]
+        typer.echo(f"{hit.rank:>3}. {hit.doc_id}  score={hit.score:.4f}  [{ranks}]")
+        typer.echo(f"     {hit.chunk_id}: {snippet}")
+
+
+@app.command("eval")
+def eval_command(
+    dataset: Path = typer.Option(..., "--dataset", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."),
+    mode: List[str] = typer.Option(["bm25", "dense", "hybrid"], "--mode", help="Repeat for several modes."),
+    runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Write <mode>.trec run files here."),
+    split: str = typer.Option("test", "--split"),
+) -> None:
+    """Score retrieval modes (nDCG@10, Recall@100) on the judged queries of a BEIR collection."""
+    from llmframe_ray.eval.beir import load_beir
+    from llmframe_ray.eval.runner import cached_index, evaluate, format_table
+    from llmframe_ray.indexing import stderr_progress
+    from llmframe_ray.models.embedder import load_embedder
+    from llmframe_ray.pipeline import Pipeline
+    from llmframe_ray.types import SearchMode
+
+    modes = [SearchMode.from_str(m) for m in mode]
+    settings = _settings()
+    data = load_beir(dataset, split)
+    embedder = load_embedder(settings)
+    root = cached_index(data, settings, embedder, stderr_progress())
+    pipeline = Pipeline.open(root, settings, embedder)
+    reports = evaluate(pipeline, data, modes, runs_dir)
+    typer.echo(format_table(data, reports))
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (LLMFrameError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except Exception as exc:  # click's usage errors arrive here in non-standalone mode
+        from click.exceptions import ClickException
+
+        if isinstance(exc, ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""One typed configuration, read from environment variables and validated at start.
+
+Every setting is read from `LLMFRAME_<NAME>`. The seed project's switches
+(`HYBRID_SEARCH_ENABLED`, `RERANKER_ENABLED`, `EMBEDDING_PROVIDER`, `CHUNK_SIZE`,
+`CHUNK_OVERLAP`, and the providers' usual key variables) are accepted without the prefix too;
+the prefixed name wins when both are set.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from llmframe_ray.errors import ConfigError
+
+ENV_PREFIX = "LLMFRAME_"
+
+
+class EmbeddingProvider(str, enum.Enum):
+    LOCAL = "local"
+    OPENAI = "openai"
+
+
+class DenseIndexKind(str, enum.Enum):
+    FLAT = "flat"
+    HNSW = "hnsw"
+    IVF = "ivf"
+
+
+def _default_home() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llmframe-ray"
+
+
+def _env(name: str, *seed_names: str) -> Any:
+    """Field options reading `LLMFRAME_<NAME>` first, then the seed's unprefixed names."""
+    return AliasChoices(f"{ENV_PREFIX}{name}", *seed_names)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        populate_by_name=True,
+        extra="ignore",
+        frozen=True,
+        validate_default=True,
+    )
+
+    home: Path = Field(default_factory=_default_home, validation_alias=_env("HOME"))
+
+    # Embedding
+    embedding_provider: EmbeddingProvider = Field(
+        EmbeddingProvider.LOCAL, validation_alias=_env("EMBEDDING_PROVIDER", "EMBEDDING_PROVIDER")
+    )
+    embedding_max_length: int = Field(
+        256, ge=8, le=512, validation_alias=_env("EMBEDDING_MAX_LENGTH")
+    )
+    embedding_batch_size: int = Field(32, ge=1, le=4096, validation_alias=_env("EMBEDDING_BATCH_SIZE"))
+    num_threads: int | None = Field(None, ge=1, le=1024, validation_alias=_env("NUM_THREADS"))
+    openai_api_key: str | None = Field(
+        None, repr=False, validation_alias=_env("OPENAI_API_KEY", "OPENAI_API_KEY")
+    )
+    openai_base_url: str | None = Field(None, validation_alias=_env("OPENAI_BASE_URL", "OPENAI_BASE_URL"))
+    openai_embedding_model: str = Field(
+        "text-embedding-3-small", validation_alias=_env("OPENAI_EMBEDDING_MODEL")
+    )
+    openai_embedding_dimensions: int | None = Field(
+        None, ge=1, le=8192, validation_alias=_env("OPENAI_EMBEDDING_DIMENSIONS")
+    )
+    openai_timeout_s: float = Field(30.0, gt=0, validation_alias=_env("OPENAI_TIMEOUT_S"))
+
+    # Chunking (sizes in the embedder's tokens, special tokens and title included)
+    chunk_size: int = Field(256, ge=16, le=8192, validation_alias=_env("CHUNK_SIZE", "CHUNK_SIZE"))
+    chunk_overlap: int = Field(32, ge=0, validation_alias=_env("CHUNK_OVERLAP", "CHUNK_OVERLAP"))
+
+    # Dense index
+    dense_index: DenseIndexKind = Field(DenseIndexKind.FLAT, validation_alias=_env("DENSE_INDEX"))
+    hnsw_m: int = Field(32, ge=4, le=256, validation_alias=_env("HNSW_M"))
+    hnsw_ef_construction: int = Field(200, ge=8, validation_alias=_env("HNSW_EF_CONSTRUCTION"))
+    hnsw_ef_search: int = Field(128, ge=8, validation_alias=_env("HNSW_EF_SEARCH"))
+    ivf_nlist: int | None = Field(None, ge=1, validation_alias=_env("IVF_NLIST"))
+    ivf_nprobe: int = Field(16, ge=1, validation_alias=_env("IVF_NPROBE"))
+
+    # Sparse index
+    bm25_k1: float = Field(1.5, gt=0, validation_alias=_env("BM25_K1"))
+    bm25_b: float = Field(0.75, ge=0, le=1, validation_alias=_env("BM25_B"))
+    bm25_stemmer: str | None = Field("english", validation_alias=_env("BM25_STEMMER"))
+    bm25_stopwords: str | None = Field("en", validation_alias=_env("BM25_STOPWORDS"))
+
+    # Retrieval
+    hybrid_search_enabled: bool = Field(
+        True, validation_alias=_env("HYBRID_SEARCH_ENABLED", "HYBRID_SEARCH_ENABLED")
+    )
+    rrf_k: int = Field(60, ge=0, validation_alias=_env("RRF_K"))
+    bm25_weight: float = Field(1.0, ge=0, validation_alias=_env("BM25_WEIGHT"))
+    dense_weight: float = Field(1.0, ge=0, validation_alias=_env("DENSE_WEIGHT"))
+    fusion_depth: int = Field(100, ge=1, le=10000, validation_alias=_env("FUSION_DEPTH"))
+
+    # Reranking (the cross-encoder stage; see README for its state)
+    reranker_enabled: bool = Field(
+        False, validation_alias=_env("RERANKER_ENABLED", "RERANKER_ENABLED")
+    )
+    reranker_model: str = Field(
+        "cross-encoder/ms-marco-MiniLM-L-6-v2", validation_alias=_env("RERANKER_MODEL")
+    )
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> Settings:
+        if self.chunk_overlap >= self.chunk_size // 2:
+            raise ValueError(
+                f"CHUNK_OVERLAP ({self.chunk_overlap}) must be less than half of "
+                f"CHUNK_SIZE ({self.chunk_size})"
+            )
+        if self.embedding_provider is EmbeddingProvider.LOCAL and self.chunk_size > self.embedding_max_length:
+            raise ValueError(
+                f"CHUNK_SIZE ({self.chunk_size}) exceeds the local embedder's limit "
+                f"LLMFRAME_EMBEDDING_MAX_LENGTH ({self.embedding_max_length})"
+            )
+        if self.embedding_provider is EmbeddingProvider.OPENAI and not self.openai_api_key:
+            raise ValueError("EMBEDDING_PROVIDER=openai needs OPENAI_API_KEY to be set")
+        return self
+
+    @property
+    def threads(self) -> int:
+        """ONNX Runtime / BLAS threads for this process: the setting, else every core."""
+        if self.num_threads is not None:
+            return self.num_threads
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+    @property
+    def indexes_dir(self) -> Path:
+        return self.home / "indexes"
+
+
+def _setting_name(loc: tuple[Any, ...]) -> str:
+    if not loc:
+        return "settings"
+    field = str(loc[0])
+    if field in Settings.model_fields:
+        return f"{ENV_PREFIX}{field.upper()}"
+    return field
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate the settings; raise ConfigError naming every bad setting."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = _setting_name(tuple(err.get("loc", ())))
+            message = err.get("msg", "invalid value").removeprefix("Value error, ")
+            if name == "settings":
+                problems.append(message)
+            else:
+                problems.append(f"{name}: {message} (got {err.get('input')!r})")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

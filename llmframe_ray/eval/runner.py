@@ -1,0 +1,118 @@
+"""Evaluate retrieval modes on a BEIR collection: build (or reuse) an index, run, score.
+
+Scores always come from the written TREC run files, read back by ir-measures, so the numbers
+printed are the numbers any other scorer would compute from the same files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from llmframe_ray.config import Settings
+from llmframe_ray.eval.beir import BeirDataset
+from llmframe_ray.eval.trec import score_run, write_run
+from llmframe_ray.index.manifest import FORMAT_VERSION
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.indexing import build_index
+from llmframe_ray.models.embedder import Embedder
+from llmframe_ray.pipeline import Pipeline, ResultLevel
+from llmframe_ray.types import SearchMode
+
+RUN_DEPTH = 100
+QUERY_BATCH = 64
+
+
+@dataclass(frozen=True)
+class ModeResult:
+    mode: str
+    metrics: dict[str, float]
+    run_path: Path
+    queries: int
+    seconds: float
+
+
+def index_key(dataset: BeirDataset, settings: Settings, embedder: Embedder) -> str:
+    """A cache key over everything that changes the index: corpus bytes, model, parameters."""
+    parts = {
+        "corpus": dataset.corpus_sha256,
+        "format": FORMAT_VERSION,
+        "model": embedder.info(),
+        "settings": settings.model_dump(
+            mode="json",
+            include={
+                "chunk_size", "chunk_overlap", "embedding_max_length", "dense_index", "hnsw_m",
+                "hnsw_ef_construction", "ivf_nlist", "bm25_k1", "bm25_b", "bm25_stemmer",
+                "bm25_stopwords",
+            },
+        ),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_index(
+    dataset: BeirDataset,
+    settings: Settings,
+    embedder: Embedder,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Path:
+    """The index of the dataset's corpus under the cache dir, built on first use."""
+    root = settings.indexes_dir / f"beir-{dataset.name}-{index_key(dataset, settings, embedder)}"
+    if IndexDirectory(root).current_version() is None:
+        build_index(dataset.corpus, root, settings, embedder, progress)
+    return root
+
+
+def run_mode(
+    pipeline: Pipeline, dataset: BeirDataset, mode: SearchMode, depth: int = RUN_DEPTH
+) -> dict[str, list[tuple[str, float]]]:
+    """Top-`depth` documents for every judged query of the dataset, in query order."""
+    qids = list(dataset.queries)
+    results: dict[str, list[tuple[str, float]]] = {}
+    for start in range(0, len(qids), QUERY_BATCH):
+        batch = qids[start : start + QUERY_BATCH]
+        hits = pipeline.search_batch(
+            [dataset.queries[q] for q in batch], mode, depth, ResultLevel.DOCUMENT
+        )
+        for qid, ranked in zip(batch, hits):
+            results[qid] = [(h.doc_id, h.score) for h in ranked]
+    return results
+
+
+def evaluate(
+    pipeline: Pipeline,
+    dataset: BeirDataset,
+    modes: Sequence[SearchMode],
+    runs_dir: Path | None = None,
+    depth: int = RUN_DEPTH,
+) -> list[ModeResult]:
+    """Run each mode, write `<runs_dir>/<mode>.trec`, and score it from the file."""
+    out_dir = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="llmframe-runs-"))
+    reports = []
+    for mode in modes:
+        started = time.perf_counter()
+        results = run_mode(pipeline, dataset, mode, depth)
+        seconds = time.perf_counter() - started
+        path = write_run(out_dir / f"{mode.value}.trec", results, tag=f"llmframe-{mode.value}")
+        reports.append(ModeResult(mode.value, score_run(path, dataset.qrels), path, len(results), seconds))
+    return reports
+
+
+def format_table(dataset: BeirDataset, reports: Sequence[ModeResult]) -> str:
+    lines = [
+        f"dataset {dataset.name} ({len(dataset.corpus)} docs, {len(dataset.queries)} judged "
+        f"{dataset.split} queries)",
+        f"{'mode':<10} {'nDCG@10':>8} {'Recall@100':>11} {'queries/s':>10}  run file",
+    ]
+    for r in reports:
+        qps = r.queries / r.seconds if r.seconds > 0 else float("inf")
+        lines.append(
+            f"{r.mode:<10} {r.metrics['nDCG@10']:>8.4f} {r.metrics['Recall@100']:>11.4f} "
+            f"{qps:>10.1f}  {r.run_path}"
+        )
+    return "\n".join(lines)

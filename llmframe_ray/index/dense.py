@@ -1,0 +1,253 @@
+"""Dense retrieval over one shard: a FAISS index with the inner-product metric.
+
+Vectors are expected to be L2-normalised float32, so the inner product is the cosine similarity
+(this module does not check the norms). Three kinds: `flat` (exact), `hnsw` and `ivf` (IVF-Flat,
+trained on the vectors it indexes).
+
+Result order is deterministic: score descending, then row ascending. For `flat` this also holds
+at the k-th place: FAISS picks an arbitrary subset of rows tied there once k is large, so the
+search widens its window until the tie group at the cut-off is complete.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import faiss
+import numpy as np
+
+from llmframe_ray.config import DenseIndexKind
+from llmframe_ray.index import atomic
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DenseParams:
+    """How a dense index is built and searched.
+
+    `ivf_nlist=None` picks round(4 * sqrt(n)) lists; any value is clamped to [1, n] at build.
+    `hnsw_ef_search` and `ivf_nprobe` are search-time settings, applied again after a load.
+    """
+
+    kind: DenseIndexKind = DenseIndexKind.FLAT
+    hnsw_m: int = 32
+    hnsw_ef_construction: int = 200
+    hnsw_ef_search: int = 128
+    ivf_nlist: int | None = None
+    ivf_nprobe: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, DenseIndexKind):
+            try:
+                kind = DenseIndexKind(str(self.kind).strip().lower())
+            except ValueError:
+                valid = ", ".join(k.value for k in DenseIndexKind)
+                raise ValueError(
+                    f"unknown dense index kind {self.kind!r}; valid kinds: {valid}"
+                ) from None
+            object.__setattr__(self, "kind", kind)
+        for name in ("hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nprobe"):
+            _positive_int(name, getattr(self, name))
+        if self.ivf_nlist is not None:
+            _positive_int("ivf_nlist", self.ivf_nlist)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> DenseParams:
+        return cls(
+            kind=settings.dense_index,
+            hnsw_m=settings.hnsw_m,
+            hnsw_ef_construction=settings.hnsw_ef_construction,
+            hnsw_ef_search=settings.hnsw_ef_search,
+            ivf_nlist=settings.ivf_nlist,
+            ivf_nprobe=settings.ivf_nprobe,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": self.kind.value}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DenseParams:
+        return cls(**dict(data))
+
+    def resolved_nlist(self, n: int) -> int:
+        """The number of IVF lists used for `n` vectors."""
+        wanted = self.ivf_nlist if self.ivf_nlist is not None else round(4 * math.sqrt(n))
+        return max(1, min(int(wanted), n))
+
+
+def _check_matrix(name: str, array: Any, dim: int | None = None) -> np.ndarray:
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(array).__name__}")
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n, dim), got shape {array.shape}")
+    if array.dtype != np.float32:
+        raise ValueError(f"{name} must be float32, got {array.dtype}")
+    if array.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one dimension, got shape {array.shape}")
+    if dim is not None and array.shape[1] != dim:
+        raise ValueError(f"{name} have dimension {array.shape[1]}; the index has {dim}")
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name} contain NaN or infinite values")
+    return np.ascontiguousarray(array)
+
+
+def _sort_rows(scores: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order each query's results by score descending, then row ascending; -1 rows go last."""
+    scores = np.where(rows < 0, -np.inf, scores).astype(np.float32)
+    order = np.lexsort((rows, -scores), axis=-1)
+    return np.take_along_axis(scores, order, -1), np.take_along_axis(rows, order, -1)
+
+
+class DenseIndex:
+    """A FAISS inner-product index plus the parameters it was built with."""
+
+    def __init__(
+        self, index: faiss.Index, params: DenseParams, source: Path | None = None
+    ) -> None:
+        self._index = index
+        self.params = params
+        self._source = source  # the file a loaded index was read from; it never changes
+        self._apply_search_params()
+
+    @classmethod
+    def build(cls, vectors: np.ndarray, params: DenseParams) -> DenseIndex:
+        """Index `vectors` (n, dim) float32; row i of the index is `vectors[i]`."""
+        vectors = _check_matrix("vectors", vectors)
+        n, dim = vectors.shape
+        if n == 0:
+            raise ValueError("cannot build a dense index from zero vectors")
+        if params.kind is DenseIndexKind.FLAT:
+            index = faiss.IndexFlatIP(dim)
+        elif params.kind is DenseIndexKind.HNSW:
+            index = faiss.IndexHNSWFlat(dim, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = params.hnsw_ef_construction
+        else:
+            params = replace(params, ivf_nlist=params.resolved_nlist(n))
+            quantizer = faiss.IndexFlatIP(dim)
+            index = faiss.IndexIVFFlat(quantizer, dim, params.ivf_nlist, faiss.METRIC_INNER_PRODUCT)
+            index.train(vectors)  # the Python wrapper keeps `quantizer` alive with `index`
+        index.add(vectors)
+        return cls(index, params)
+
+    @property
+    def dim(self) -> int:
+        return int(self._index.d)
+
+    def __len__(self) -> int:
+        return int(self._index.ntotal)
+
+    def _apply_search_params(self) -> None:
+        if self.params.kind is DenseIndexKind.HNSW:
+            self._index.hnsw.efSearch = self.params.hnsw_ef_search
+        elif self.params.kind is DenseIndexKind.IVF:
+            self._index.nprobe = self.params.ivf_nprobe
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Best `min(k, len(self))` rows per query: `(scores, rows)`, each (q, min(k, n)).
+
+        Scores are float32 inner products, rows int64. Slots an ANN index could not fill hold
+        row -1 with score -inf, always at the end of their query's list; callers drop them.
+        """
+        _positive_int("k", k)
+        queries = _check_matrix("queries", queries, self.dim)
+        k = min(k, len(self))
+        if self.params.kind is DenseIndexKind.FLAT:
+            return self._exact_search(queries, k)
+        scores, rows = self._index.search(queries, k)
+        return _sort_rows(scores, rows)
+
+    def _exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self)
+        out_scores = np.empty((len(queries), k), dtype=np.float32)
+        out_rows = np.empty((len(queries), k), dtype=np.int64)
+        pending = np.arange(len(queries))
+        fetch = min(n, k + 1)
+        while pending.size:
+            scores, rows = _sort_rows(*self._index.search(queries[pending], fetch))
+            if fetch == n:
+                done = np.ones(len(pending), dtype=bool)
+            else:
+                # Everything tied with the k-th score was fetched when the last fetched
+                # score is strictly lower; otherwise fetch a wider window for that query.
+                done = scores[:, fetch - 1] < scores[:, k - 1]
+            out_scores[pending[done]] = scores[done, :k]
+            out_rows[pending[done]] = rows[done, :k]
+            pending = pending[~done]
+            fetch = min(n, fetch * 2)
+        return out_scores, out_rows
+
+    def save(self, path: str | Path) -> None:
+        """Write the FAISS index to `path` atomically (temp file, fsync, rename).
+
+        A loaded index is saved by copying the file it was read from: a memory-mapped IVF index
+        would otherwise be written as a reference to that file instead of its data.
+        """
+        if self._source is not None:
+            source = self._source
+            atomic.write_via(path, lambda tmp: shutil.copyfile(source, tmp))
+        else:
+            atomic.write_via(path, lambda tmp: faiss.write_index(self._index, str(tmp)))
+
+    @classmethod
+    def load(
+        cls, path: str | Path, params: DenseParams | None = None, *, mmap: bool = True
+    ) -> DenseIndex:
+        """Read an index written by `save`.
+
+        With `mmap`, flat and HNSW indexes map their vector storage (IO_FLAG_MMAP_IFC; the HNSW
+        graph itself is read into memory) and IVF maps its inverted lists (IO_FLAG_MMAP, read
+        only); the quantizer is read normally. The file must then stay in place while the index
+        is used. `params` (kind checked against the file) sets efSearch / nprobe; without it
+        they are read from the file.
+        """
+        path = Path(path)
+        flags = 0
+        if mmap:
+            flags = _MMAP_FLAGS.get(_file_tag(path), 0)  # other types: a plain read
+        index = faiss.read_index(str(path), flags)
+        found = _params_of(index)
+        if params is None:
+            params = found
+        elif params.kind is not found.kind:
+            raise ValueError(f"{path} holds a {found.kind.value} index, not {params.kind.value}")
+        return cls(index, params, source=path)
+
+
+# FAISS files start with a 4-byte tag naming the index type. The flags that memory-map each type
+# this module writes: IndexFlatIP and IndexHNSWFlat map their flat vector storage; IndexIVFFlat
+# maps its inverted lists (the two flags cannot be combined for IVF).
+_MMAP_FLAGS = {
+    b"IxFI": faiss.IO_FLAG_MMAP_IFC,
+    b"IHNf": faiss.IO_FLAG_MMAP_IFC,
+    b"IwFl": faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY,
+}
+
+
+def _file_tag(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4)
+
+
+def _params_of(index: faiss.Index) -> DenseParams:
+    if isinstance(index, faiss.IndexHNSW):
+        return DenseParams(
+            kind=DenseIndexKind.HNSW,
+            hnsw_m=int(index.hnsw.nb_neighbors(1)),
+            hnsw_ef_construction=int(index.hnsw.efConstruction),
+            hnsw_ef_search=int(index.hnsw.efSearch),
+        )
+    if isinstance(index, faiss.IndexIVF):
+        return DenseParams(
+            kind=DenseIndexKind.IVF, ivf_nlist=int(index.nlist), ivf_nprobe=int(index.nprobe)
+        )
+    if isinstance(index, faiss.IndexFlat):
+        return DenseParams(kind=DenseIndexKind.FLAT)
+    raise ValueError(f"unsupported FAISS index type {type(index).__name__}")

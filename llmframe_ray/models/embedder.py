@@ -1,0 +1,262 @@
+"""Text embedders behind one interface: local ONNX MiniLM, and OpenAI's hosted models.
+
+The ONNX embedder splits a call into tokenize -> run -> pool, so that a server can batch the
+middle step. Vectors are float32 and L2-normalised, so inner product is cosine similarity.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from llmframe_ray.errors import EmptyQueryError, ModelError, QueryTooLongError
+
+SPECIAL_TOKENS = 2  # [CLS] and [SEP]
+
+
+class Embedder(Protocol):
+    name: str
+    provider: str
+    dim: int
+    max_length: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def check_query(self, query: str) -> str: ...
+
+    def info(self) -> dict[str, object]: ...
+
+
+def check_query_text(query: str) -> str:
+    """Strip a query; reject it when nothing is left."""
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a string, not {type(query).__name__}")
+    stripped = query.strip()
+    if not stripped:
+        raise EmptyQueryError()
+    return stripped
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.maximum(norms, 1e-12, out=norms)
+    return (vectors / norms).astype(np.float32, copy=False)
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """Token ids of a batch, padded to its longest member."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    token_type_ids: np.ndarray
+
+
+class OnnxEmbedder:
+    """A BERT-style sentence encoder run with ONNX Runtime: mean pooling, then L2 norm."""
+
+    provider = "local"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        name: str = "all-MiniLM-L6-v2",
+        max_length: int = 256,
+        batch_size: int = 32,
+        threads: int = 1,
+    ) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        model_dir = Path(model_dir)
+        for required in ("model.onnx", "tokenizer.json"):
+            if not (model_dir / required).is_file():
+                raise ModelError(
+                    f"embedding model folder {model_dir} has no {required}; remove the folder "
+                    "and run again to re-export it"
+                )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.name = name
+        self.model_dir = model_dir
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.threads = threads
+
+        self._counter = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._counter.no_truncation()
+        self._counter.no_padding()
+        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._tokenizer.enable_truncation(max_length=max_length)
+        self._tokenizer.no_padding()
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        try:
+            self._session = ort.InferenceSession(
+                str(model_dir / "model.onnx"), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ModelError(f"cannot load {model_dir / 'model.onnx'}: {exc}") from exc
+        self._input_names = {i.name for i in self._session.get_inputs()}
+        self.dim = int(self._session.get_outputs()[0].shape[-1])
+
+    @property
+    def tokenizer(self):
+        """A `tokenizers.Tokenizer` without truncation or padding (for counting and chunking)."""
+        return self._counter
+
+    def info(self) -> dict[str, object]:
+        return {"name": self.name, "provider": self.provider, "dim": self.dim, "max_length": self.max_length}
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text including the special tokens, without truncation."""
+        return [len(e.ids) for e in self._counter.encode_batch(list(texts))]
+
+    def check_query(self, query: str) -> str:
+        stripped = check_query_text(query)
+        n_tokens = self.count_tokens([stripped])[0]
+        if n_tokens > self.max_length:
+            raise QueryTooLongError(n_tokens, self.max_length)
+        return stripped
+
+    # tokenize -> run -> pool
+    def tokenize(self, texts: Sequence[str]) -> EncodedBatch:
+        encodings = self._tokenizer.encode_batch(list(texts))
+        width = max((len(e.ids) for e in encodings), default=0)
+        ids = np.zeros((len(encodings), width), dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        types = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            n = len(enc.ids)
+            ids[row, :n] = enc.ids
+            mask[row, :n] = enc.attention_mask
+            types[row, :n] = enc.type_ids
+        return EncodedBatch(ids, mask, types)
+
+    def run(self, batch: EncodedBatch) -> np.ndarray:
+        feeds = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "token_type_ids": batch.token_type_ids,
+        }
+        feeds = {k: v for k, v in feeds.items() if k in self._input_names}
+        return self._session.run(None, feeds)[0]
+
+    @staticmethod
+    def pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        mask = attention_mask.astype(np.float32)[:, :, None]
+        summed = (hidden * mask).sum(axis=1)
+        counts = np.maximum(mask.sum(axis=1), 1e-9)
+        return l2_normalize(summed / counts)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed texts in batches of similar length; rows come back in input order."""
+        texts = list(texts)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        lengths = np.array([len(t) for t in texts])
+        order = np.argsort(-lengths, kind="stable")
+        for start in range(0, len(texts), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            batch = self.tokenize([texts[i] for i in rows])
+            out[rows] = self.pool(self.run(batch), batch.attention_mask)
+        return out
+
+
+class OpenAIEmbedder:
+    """OpenAI's embeddings endpoint through the official SDK; `dimensions` shortens vectors."""
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        api_key: str,
+        dimensions: int | None = None,
+        base_url: str | None = None,
+        timeout_s: float = 30.0,
+        batch_size: int = 256,
+        max_length: int = 8191,
+    ) -> None:
+        from openai import OpenAI
+
+        self.name = model
+        self.dimensions = dimensions
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self._client = OpenAI(api_key=api_key, base_url=base_url, timeout=timeout_s, max_retries=2)
+        self.dim = dimensions if dimensions is not None else _OPENAI_DIMS.get(model, 0)
+
+    def info(self) -> dict[str, object]:
+        return {"name": self.name, "provider": self.provider, "dim": self.dim, "max_length": self.max_length}
+
+    def check_query(self, query: str) -> str:
+        return check_query_text(query)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        rows: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            kwargs: dict[str, object] = {"model": self.name, "input": texts[start : start + self.batch_size]}
+            if self.dimensions is not None:
+                kwargs["dimensions"] = self.dimensions
+            response = self._client.embeddings.create(**kwargs)
+            rows.extend(item.embedding for item in sorted(response.data, key=lambda d: d.index))
+        if not rows:
+            return np.empty((0, self.dim), dtype=np.float32)
+        vectors = l2_normalize(np.asarray(rows, dtype=np.float32))
+        self.dim = int(vectors.shape[1])
+        return vectors
+
+
+_OPENAI_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
+
+
+def local_model_dir(models_dir: Path) -> Path:
+    return Path(models_dir) / "all-MiniLM-L6-v2-onnx"
+
+
+def ensure_local_model(models_dir: Path) -> Path:
+    """Export the bundled MiniLM to ONNX under `models_dir` once; return the folder."""
+    from llmframe_ray.models.export import bundled_minilm_path, export_encoder
+
+    target = local_model_dir(models_dir)
+    if (target / "model.onnx").is_file() and (target / "tokenizer.json").is_file():
+        return target
+    return export_encoder(bundled_minilm_path(), target)
+
+
+def load_embedder(settings) -> Embedder:
+    """The embedder the settings ask for."""
+    from llmframe_ray.config import EmbeddingProvider
+
+    if settings.embedding_provider is EmbeddingProvider.OPENAI:
+        return OpenAIEmbedder(
+            model=settings.openai_embedding_model,
+            api_key=settings.openai_api_key,
+            dimensions=settings.openai_embedding_dimensions,
+            base_url=settings.openai_base_url,
+            timeout_s=settings.openai_timeout_s,
+        )
+    return OnnxEmbedder(
+        ensure_local_model(settings.models_dir),
+        max_length=settings.embedding_max_length,
+        batch_size=settings.embedding_batch_size,
+        threads=settings.threads,
+    )
+
+
+def model_card(model_dir: Path) -> dict[str, object]:
+    """The export record written next to an exported model (empty if absent)."""
+    path = Path(model_dir) / "export.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

@@ -1,0 +1,109 @@
+"""Frozen value types shared by every stage: documents, chunks, hits and search modes."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+def _frozen_mapping(value: Mapping[str, object] | None) -> Mapping[str, object]:
+    return MappingProxyType(dict(value or {}))
+
+
+class SearchMode(str, enum.Enum):
+    """Which rankers answer a query."""
+
+    BM25 = "bm25"
+    DENSE = "dense"
+    HYBRID = "hybrid"
+
+    @classmethod
+    def from_str(cls, value: str | SearchMode) -> SearchMode:
+        if isinstance(value, SearchMode):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            valid = ", ".join(m.value for m in cls)
+            raise ValueError(f"unknown search mode {value!r}; valid modes: {valid}") from None
+
+
+@dataclass(frozen=True)
+class Document:
+    """A parsed source document. `doc_id` is stable across re-ingestion."""
+
+    doc_id: str
+    text: str
+    title: str = ""
+    source: str = ""
+    metadata: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metadata", _frozen_mapping(self.metadata))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of one document, small enough for the embedder.
+
+    `chunk_id` is derived from the document id, the position and the text, never from metadata.
+    `start`/`end` are character offsets of `text` in the document's text.
+    """
+
+    chunk_id: str
+    doc_id: str
+    position: int
+    text: str
+    title: str = ""
+    start: int = 0
+    end: int = 0
+    n_tokens: int = 0
+
+    @property
+    def indexed_text(self) -> str:
+        """What the rankers see: the document title (when any) followed by the chunk text."""
+        return f"{self.title}\n{self.text}" if self.title else self.text
+
+
+@dataclass(frozen=True)
+class RankedList:
+    """One ranker's answer: keys (chunk or document ids) best first, with that ranker's scores."""
+
+    name: str
+    keys: tuple[str, ...]
+    scores: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", tuple(self.keys))
+        object.__setattr__(self, "scores", tuple(float(s) for s in self.scores))
+        if len(self.keys) != len(self.scores):
+            raise ValueError(
+                f"ranked list {self.name!r} has {len(self.keys)} keys but {len(self.scores)} scores"
+            )
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"ranked list {self.name!r} contains a key more than once")
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result.
+
+    `score` is the final score of the mode (BM25 score, cosine similarity, or fused RRF score);
+    `ranks` maps each ranker that found this item to its 1-based rank there.
+    """
+
+    doc_id: str
+    chunk_id: str
+    text: str
+    score: float
+    rank: int
+    title: str = ""
+    ranks: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", _frozen_mapping(self.ranks))
