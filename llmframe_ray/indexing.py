@@ -34,15 +34,14 @@ def make_chunker(settings: Settings, embedder: Embedder) -> Chunker:
 
 
 def chunk_documents(documents: Iterable[Document], chunker: Chunker) -> list[Chunk]:
-    """Chunk every document; a document id seen twice is an error (ids must be unique)."""
-    chunks: list[Chunk] = []
+    """Chunk every document (one tokenizer pass for all); document ids must be unique."""
+    documents = list(documents)
     seen: set[str] = set()
     for doc in documents:
         if doc.doc_id in seen:
             raise ValueError(f"duplicate document id {doc.doc_id!r}")
         seen.add(doc.doc_id)
-        chunks.extend(chunker.chunk(doc))
-    return chunks
+    return [chunk for chunks in chunker.chunk_many(documents) for chunk in chunks]
 
 
 def embed_chunks(

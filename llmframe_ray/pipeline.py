@@ -73,8 +73,10 @@ class Pipeline:
         mode: str | SearchMode | None = None,
         top_k: int = 10,
         level: str | ResultLevel = ResultLevel.DOCUMENT,
+        *,
+        truncate: bool = False,
     ) -> list[Hit]:
-        return self.search_batch([query], mode, top_k, level)[0]
+        return self.search_batch([query], mode, top_k, level, truncate=truncate)[0]
 
     def search_batch(
         self,
@@ -82,8 +84,14 @@ class Pipeline:
         mode: str | SearchMode | None = None,
         top_k: int = 10,
         level: str | ResultLevel = ResultLevel.DOCUMENT,
+        *,
+        truncate: bool = False,
     ) -> list[list[Hit]]:
-        """Answer many queries at once: one encoder call, one search call per shard and ranker."""
+        """Answer many queries at once: one encoder call, one search call per shard and ranker.
+
+        A query longer than the embedder's limit is an error unless `truncate` is set, in which
+        case the embedder sees its first tokens only (BM25 always sees all of it).
+        """
         mode = self.default_mode if mode is None else SearchMode.from_str(mode)
         level = ResultLevel.from_str(level)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -91,9 +99,8 @@ class Pipeline:
         uses_dense = mode in (SearchMode.DENSE, SearchMode.HYBRID)
         if uses_dense and self.embedder is None:
             raise ModelError(f"mode {mode.value!r} needs an embedder; none was loaded")
-        checked = [
-            self.embedder.check_query(q) if uses_dense else check_query_text(q) for q in queries
-        ]
+        check = self.embedder.check_query if uses_dense and not truncate else check_query_text
+        checked = [check(q) for q in queries]
         if not checked:
             return []
 

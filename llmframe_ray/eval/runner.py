@@ -77,7 +77,7 @@ def run_mode(
     for start in range(0, len(qids), QUERY_BATCH):
         batch = qids[start : start + QUERY_BATCH]
         hits = pipeline.search_batch(
-            [dataset.queries[q] for q in batch], mode, depth, ResultLevel.DOCUMENT
+            [dataset.queries[q] for q in batch], mode, depth, ResultLevel.DOCUMENT, truncate=True
         )
         for qid, ranked in zip(batch, hits):
             results[qid] = [(h.doc_id, h.score) for h in ranked]

@@ -217,7 +217,9 @@ class DenseIndex:
         if params is None:
             params = found
         elif params.kind is not found.kind:
-            raise ValueError(f"{path} holds a {found.kind.value} index, not {params.kind.value}")
+            raise ValueError(
+                f"{path} holds an index of kind {found.kind.value!r}, not {params.kind.value!r}"
+            )
         return cls(index, params, source=path)
 
 

@@ -4,20 +4,24 @@ A document's text is cut into units: paragraphs (split at blank lines); a paragr
 budget into sentences; a sentence over the budget into words; a word over the budget into
 character pieces that each fit. Consecutive units are then packed greedily into chunks.
 
-Packing adds up the units' token counts. That is exact when the tokenizer never forms a token
-across whitespace, as BERT WordPiece does (its pre-tokenizer splits on whitespace and
-punctuation, and whitespace yields no tokens), because units are always separated by
-whitespace in the text. Every chunk is then counted for real; a chunk for which the sum was wrong
-(another tokenizer, or character pieces of one word rejoined) is split in two until it fits.
+Packing adds up the units' token counts. For an *additive* counter that sum is the token count of
+the units joined by whitespace. BERT WordPiece is additive: its pre-tokenizer splits at
+whitespace and punctuation and whitespace yields no token, so no token spans two units. Units are
+always separated by whitespace, except the character pieces of one long word. For an additive
+counter, paragraph counts are the sums of their sentences' counts, so the text is tokenized about
+once; only chunks where the sum may be wrong are counted again: pieces of one word side by side,
+or whitespace BERT deletes (\x0b, \x0c, ...). For any other counter every chunk is counted again.
+A chunk whose real count is over its limit is split in two until it fits.
 
-Token counting happens in a few batched `count_many` calls per `chunk_many` call (one per
-splitting level, one for titles and one to check the chunks), never once per unit; only a word
-longer than the whole budget is measured piece by piece.
+Counting happens in a few batched `count_many` calls per `chunk_many` call (sentences,
+paragraphs when not additive, words of long sentences, titles, checks), never once per unit;
+only a word longer than the whole budget is measured piece by piece.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
@@ -28,28 +32,39 @@ _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 _SENTENCE_END = re.compile(r"[.!?]+[\"'”’»)\]]*\s+")
 _SENTENCE_OPENERS = "\"'“‘«(["
 _WORD = re.compile(r"\S+")
-
-_PARAGRAPH, _SENTENCE, _WORD_LEVEL, _PIECE = 0, 1, 2, 3
+_ODD_WHITESPACE = re.compile(r"[^\S \t\n\r]")
+_ADDITIVE_PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit"})
 
 
 class TokenCounter(Protocol):
-    """Counts tokens of many texts at once, special tokens excluded."""
+    """Counts tokens of many texts at once, special tokens excluded.
+
+    A counter may also have `additive = True` to promise that the count of texts joined by
+    whitespace is the sum of their counts; without it, every chunk is counted again.
+    """
 
     def count_many(self, texts: Sequence[str]) -> list[int]: ...
 
 
 class HFTokenCounter:
-    """Counts with a Hugging Face `tokenizers.Tokenizer` (copied; truncation and padding off)."""
+    """Counts with a Hugging Face `tokenizers.Tokenizer` (copied; truncation and padding off).
+
+    `additive` is true when the pre-tokenizer splits at whitespace (BERT, Whitespace).
+    """
 
     def __init__(self, tokenizer: object) -> None:
         from tokenizers import Tokenizer
 
         if not isinstance(tokenizer, Tokenizer):
             raise TypeError(f"expected a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
-        own = Tokenizer.from_str(tokenizer.to_str())
+        config = tokenizer.to_str()
+        own = Tokenizer.from_str(config)
         own.no_truncation()
         own.no_padding()
         self._tokenizer = own
+        self._encode = getattr(own, "encode_batch_fast", own.encode_batch)
+        pre = json.loads(config).get("pre_tokenizer") or {}
+        self.additive = pre.get("type") in _ADDITIVE_PRE_TOKENIZERS
 
     @classmethod
     def from_file(cls, path: str) -> HFTokenCounter:
@@ -61,12 +76,13 @@ class HFTokenCounter:
     def count_many(self, texts: Sequence[str]) -> list[int]:
         if not texts:
             return []
-        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
-        return [len(e.ids) for e in encodings]
+        return [len(e.ids) for e in self._encode(list(texts), add_special_tokens=False)]
 
 
 class WhitespaceTokenCounter:
     """Counts whitespace-separated words: for tests, and for use without a model."""
+
+    additive = True
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
         return [len(text.split()) for text in texts]
@@ -74,11 +90,9 @@ class WhitespaceTokenCounter:
 
 @dataclass(slots=True)
 class _Unit:
-    doc: int
     start: int
     end: int
-    level: int
-    tokens: int = -1
+    tokens: int
 
 
 class Chunker:
@@ -98,26 +112,18 @@ class Chunker:
     def __init__(
         self, counter: TokenCounter, chunk_size: int, overlap: int, special_tokens: int = 2
     ) -> None:
-        for name, value in (
-            ("chunk_size", chunk_size),
-            ("overlap", overlap),
-            ("special_tokens", special_tokens),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-        if special_tokens < 0:
-            raise ValueError(f"special_tokens must be >= 0, got {special_tokens}")
+        given = {"chunk_size": chunk_size, "overlap": overlap, "special_tokens": special_tokens}
+        for name, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if chunk_size < 2 * special_tokens + 2:
             raise ValueError(
-                f"chunk_size must be at least {2 * special_tokens + 2} "
-                f"(2 * special_tokens + 2), got {chunk_size}"
+                f"chunk_size must be at least 2 * special_tokens + 2, got {chunk_size}"
             )
-        if overlap < 0:
-            raise ValueError(f"overlap must be >= 0, got {overlap}")
         if 2 * overlap >= chunk_size - special_tokens:
             raise ValueError(
-                f"overlap must be less than half of chunk_size - special_tokens "
-                f"({chunk_size - special_tokens}), got {overlap}"
+                f"overlap must be less than (chunk_size - special_tokens) / 2 = "
+                f"{(chunk_size - special_tokens) / 2:g}, got {overlap}"
             )
         self.counter = counter
         self.chunk_size = chunk_size
@@ -138,9 +144,12 @@ class Chunker:
         ]
         units = self._units(docs, budgets)
         spans = [self._pack(doc_units, budgets[i]) for i, doc_units in enumerate(units)]
-        limits = [self.special_tokens + t + b for t, b in zip(title_tokens, budgets)]
-        measured = self._fit(docs, units, spans, limits)
+        measured = self._fit(docs, units, spans, title_tokens, budgets)
         return [self._build(doc, units[i], measured[i]) for i, doc in enumerate(docs)]
+
+    @property
+    def _additive(self) -> bool:
+        return getattr(self.counter, "additive", False) is True
 
     def _count(self, texts: list[str]) -> list[int]:
         counts = list(self.counter.count_many(texts))
@@ -157,63 +166,75 @@ class Chunker:
         return tokens
 
     def _units(self, docs: list[Document], budgets: list[int]) -> list[list[_Unit]]:
-        """Split every document down to units that fit their budget, counting level by level."""
-        items = [
-            _Unit(d, s, e, _PARAGRAPH)
+        """Every document's units, in text order, each within its budget where possible."""
+        paragraphs = [
+            (d, s, e)
             for d, doc in enumerate(docs)
-            for s, e in _spans(doc.text, _PARAGRAPH_BREAK, 0, len(doc.text))
+            for s, e in _paragraph_spans(doc.text)
         ]
-        while True:
-            todo = [u for u in items if u.tokens < 0]
-            if not todo:
-                break
-            counts = self._count([docs[u.doc].text[u.start : u.end] for u in todo])
-            for unit, n in zip(todo, counts):
-                unit.tokens = n
-            expanded: list[_Unit] = []
-            for unit in items:
-                if unit.tokens <= budgets[unit.doc] or unit.level == _PIECE:
-                    expanded.append(unit)
+        sentences = [_sentence_spans(docs[d].text, s, e) for d, s, e in paragraphs]
+        flat = self._count(
+            [docs[d].text[s:e] for (d, _, _), sents in zip(paragraphs, sentences) for s, e in sents]
+        )
+        sentence_tokens, at = [], 0
+        for sents in sentences:
+            sentence_tokens.append(flat[at : at + len(sents)])
+            at += len(sents)
+        additive = self._additive
+        paragraph_tokens = [sum(c) if len(c) == 1 or additive else -1 for c in sentence_tokens]
+        unknown = [i for i, n in enumerate(paragraph_tokens) if n < 0]
+        measured = self._count([docs[paragraphs[i][0]].text[paragraphs[i][1] : paragraphs[i][2]]
+                                for i in unknown])
+        for i, n in zip(unknown, measured):
+            paragraph_tokens[i] = n
+
+        per_doc: list[list[_Unit | list[_Unit]]] = [[] for _ in docs]
+        long_sentences: list[tuple[int, int, int, list[_Unit]]] = []
+        for i, (d, s, e) in enumerate(paragraphs):
+            if paragraph_tokens[i] <= budgets[d]:
+                per_doc[d].append(_Unit(s, e, paragraph_tokens[i]))
+                continue
+            for (ss, se), n in zip(sentences[i], sentence_tokens[i]):
+                if n <= budgets[d]:
+                    per_doc[d].append(_Unit(ss, se, n))
                 else:
-                    expanded.extend(self._split(docs[unit.doc].text, unit, budgets[unit.doc]))
-            items = expanded
-        per_doc: list[list[_Unit]] = [[] for _ in docs]
-        for unit in items:
-            per_doc[unit.doc].append(unit)
-        return per_doc
+                    slot: list[_Unit] = []
+                    per_doc[d].append(slot)
+                    long_sentences.append((d, ss, se, slot))
+        self._split_words(docs, budgets, long_sentences)
+        return [
+            [u for item in items for u in (item if isinstance(item, list) else [item])]
+            for items in per_doc
+        ]
 
-    def _split(self, text: str, unit: _Unit, budget: int) -> list[_Unit]:
-        """Children of an over-budget unit at the next level that actually divides it."""
-        level = unit.level
-        while level < _WORD_LEVEL:
-            level += 1
-            if level == _SENTENCE:
-                spans = _sentence_spans(text, unit.start, unit.end)
-            else:
-                spans = list(_word_spans(text, unit.start, unit.end))
-            if len(spans) > 1:
-                return [_Unit(unit.doc, s, e, level) for s, e in spans]
-        return self._hard_split(text, unit, budget)
+    def _split_words(
+        self,
+        docs: list[Document],
+        budgets: list[int],
+        long_sentences: list[tuple[int, int, int, list[_Unit]]],
+    ) -> None:
+        """Fill each long sentence's slot with its words, hard-splitting words over budget."""
+        words = [(d, _word_spans(docs[d].text, s, e), slot) for d, s, e, slot in long_sentences]
+        counts = iter(self._count([docs[d].text[a:b] for d, spans, _ in words for a, b in spans]))
+        for d, spans, slot in words:
+            for (a, b), n in zip(spans, counts):
+                if n <= budgets[d]:
+                    slot.append(_Unit(a, b, n))
+                else:
+                    slot.extend(self._hard_split(docs[d].text, a, b, budgets[d]))
 
-    def _hard_split(self, text: str, unit: _Unit, budget: int) -> list[_Unit]:
+    def _hard_split(self, text: str, start: int, end: int, budget: int) -> list[_Unit]:
         """Cut one word into the longest character pieces that fit (binary search per piece)."""
         pieces = []
-        start = unit.start
-        while start < unit.end:
-            lo, hi = start + 1, unit.end
-            fits = self._count([text[start:hi]])[0]
-            if fits <= budget:
-                lo = hi
-            else:
-                fits = self._count([text[start:lo]])[0]
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    n = self._count([text[start:mid]])[0]
-                    if n <= budget:
-                        lo, fits = mid, n
-                    else:
-                        hi = mid
-            pieces.append(_Unit(unit.doc, start, lo, _PIECE, fits))
+        while start < end:
+            lo, hi = start + 1, end  # a piece has at least one character, even if over budget
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self._count([text[start:mid]])[0] <= budget:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            pieces.append(_Unit(start, lo, self._count([text[start:lo]])[0]))
             start = lo
         return pieces
 
@@ -245,21 +266,28 @@ class Chunker:
         docs: list[Document],
         units: list[list[_Unit]],
         spans: list[list[tuple[int, int]]],
-        limits: list[int],
+        title_tokens: list[int],
+        budgets: list[int],
     ) -> list[list[tuple[int, int, int]]]:
-        """Count every chunk for real; halve any span over its limit until all fit."""
-        pending = [(d, a, b) for d, doc_spans in enumerate(spans) for a, b in doc_spans]
+        """(first, last, n_tokens) per chunk; a span counted over its limit is halved."""
         done: list[list[tuple[int, int, int]]] = [[] for _ in docs]
+        pending = []
+        for d, doc_spans in enumerate(spans):
+            for a, b in doc_spans:
+                if self._additive and not self._suspect(docs[d].text, units[d], a, b):
+                    total = sum(u.tokens for u in units[d][a:b])
+                    done[d].append((a, b, self.special_tokens + title_tokens[d] + total))
+                else:
+                    pending.append((d, a, b))
         while pending:
             texts = []
             for d, a, b in pending:
                 body = docs[d].text[units[d][a].start : units[d][b - 1].end]
                 texts.append(f"{docs[d].title}\n{body}" if docs[d].title else body)
-            counts = self._count(texts)
             retry = []
-            for (d, a, b), n in zip(pending, counts):
+            for (d, a, b), n in zip(pending, self._count(texts)):
                 total = n + self.special_tokens
-                if total > limits[d] and b - a > 1:
+                if total > self.special_tokens + title_tokens[d] + budgets[d] and b - a > 1:
                     mid = (a + b) // 2
                     retry.extend([(d, a, mid), (d, mid, b)])
                 else:
@@ -268,6 +296,14 @@ class Chunker:
         for doc_spans in done:
             doc_spans.sort()
         return done
+
+    @staticmethod
+    def _suspect(text: str, units: list[_Unit], a: int, b: int) -> bool:
+        """Whether the sum of unit counts may differ from the count of the chunk's text."""
+        for i in range(a + 1, b):
+            if units[i - 1].end == units[i].start:
+                return True
+        return _ODD_WHITESPACE.search(text, units[a].start, units[b - 1].end) is not None
 
     def _build(
         self, doc: Document, units: list[_Unit], spans: list[tuple[int, int, int]]
@@ -292,15 +328,13 @@ class Chunker:
         return chunks
 
 
-def _spans(text: str, separator: re.Pattern[str], start: int, end: int) -> list[tuple[int, int]]:
-    """Pieces of text[start:end] between separator matches, trimmed of whitespace, non-empty."""
-    spans = []
-    cut = start
-    for match in separator.finditer(text, start, end):
+def _paragraph_spans(text: str) -> list[tuple[int, int]]:
+    """Stretches of text between blank lines, trimmed of whitespace, non-empty."""
+    spans, cut = [], 0
+    for match in _PARAGRAPH_BREAK.finditer(text):
         spans.extend(_trimmed(text, cut, match.start()))
         cut = match.end()
-    spans.extend(_trimmed(text, cut, end))
-    return spans
+    return spans + _trimmed(text, cut, len(text))
 
 
 def _trimmed(text: str, start: int, end: int) -> list[tuple[int, int]]:
@@ -312,10 +346,9 @@ def _trimmed(text: str, start: int, end: int) -> list[tuple[int, int]]:
 
 
 def _sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """Sentences: cut after . ! ? (and closing quotes) + whitespace + an upper-case letter,
-    digit or opening quote."""
-    spans = []
-    cut = start
+    """Cut after . ! ? (and closing quotes or brackets), whitespace, then an upper-case letter,
+    a digit or an opening quote or bracket."""
+    spans, cut = [], start
     for match in _SENTENCE_END.finditer(text, start, end):
         after = match.end()
         if after >= end:
@@ -328,5 +361,5 @@ def _sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return spans
 
 
-def _word_spans(text: str, start: int, end: int) -> Iterable[tuple[int, int]]:
-    return (m.span() for m in _WORD.finditer(text, start, end))
+def _word_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    return [m.span() for m in _WORD.finditer(text, start, end)]

@@ -16,25 +16,19 @@ from typing import Iterable, Iterator
 
 from bs4 import BeautifulSoup
 from bs4.element import Comment, Declaration, Doctype, NavigableString, ProcessingInstruction, Tag
+from pypdf import PasswordType, PdfReader
 
 from llmframe_ray.errors import DocumentReadError
 from llmframe_ray.types import Document
 
-_FORMATS = {
-    ".txt": "text",
-    ".text": "text",
-    ".md": "markdown",
-    ".markdown": "markdown",
-    ".html": "html",
-    ".htm": "html",
-    ".pdf": "pdf",
-}
+_FORMATS = {".txt": "text", ".text": "text", ".md": "markdown", ".markdown": "markdown",
+            ".html": "html", ".htm": "html", ".pdf": "pdf"}
 JSONL_SUFFIX = ".jsonl"
 SUPPORTED_SUFFIXES: tuple[str, ...] = tuple(sorted([*_FORMATS, JSONL_SUFFIX]))
 
 _BINARY_SNIFF_BYTES = 8192
 _BOM = b"\xef\xbb\xbf"
-_GLOB_CHARS = re.compile(r"[*?\[]")
+_GLOB = re.compile(r"[*?\[]")
 
 
 def read_document(path: str | Path, *, doc_id: str | None = None) -> Document:
@@ -44,10 +38,8 @@ def read_document(path: str | Path, *, doc_id: str | None = None) -> Document:
     fmt = _FORMATS.get(suffix)
     if fmt is None:
         if suffix == JSONL_SUFFIX:
-            raise DocumentReadError(
-                path, "a .jsonl file holds many documents; read it with read_jsonl"
-            )
-        supported = ", ".join(SUPPORTED_SUFFIXES)
+            raise DocumentReadError(path, "a .jsonl file holds many documents; use read_jsonl")
+        supported = ", ".join(sorted(_FORMATS))
         raise DocumentReadError(path, f"unsupported file type {suffix!r}; supported: {supported}")
     data = _read_bytes(path)
     metadata: dict[str, object] = {"format": fmt}
@@ -79,7 +71,7 @@ def read_jsonl(path: str | Path) -> Iterator[Document]:
     "doc_id", "text" and an optional "title". Other keys become metadata; a "metadata" object is
     merged into it. Blank lines are skipped; ids are converted to str and must be unique.
     """
-    for item in _jsonl_records(Path(path), {}):
+    for item in _unique(_jsonl_records(Path(path)), {}):
         if isinstance(item, DocumentReadError):
             raise item
         yield item
@@ -102,84 +94,82 @@ def iter_documents(
 
 
 def _resolve_sources(sources: Iterable[str | Path]) -> list[tuple[Path, str]]:
-    files: list[tuple[Path, str]] = []
-    seen: set[Path] = set()
-
-    def add(path: Path, doc_id: str) -> None:
-        key = path.resolve()
-        if key not in seen:
-            seen.add(key)
-            files.append((path, doc_id))
-
+    files: dict[Path, tuple[Path, str]] = {}
     for source in sources:
         path = Path(source)
         if path.is_file():
-            add(path, path.as_posix())
+            found = [(path, path.as_posix())]
         elif path.is_dir():
-            for found, rel in _walk_folder(path):
-                add(found, rel)
+            found = _walk_folder(path)
         else:
-            matches = []
-            if _GLOB_CHARS.search(str(source)):
-                for name in sorted(glob.glob(str(source), recursive=True)):
-                    match = Path(name)
-                    if match.is_file() and match.suffix.lower() in SUPPORTED_SUFFIXES:
-                        matches.append(match)
-            if not matches:
+            pattern = str(source)
+            names = sorted(glob.glob(pattern, recursive=True)) if _GLOB.search(pattern) else []
+            found = [(Path(n), Path(n).as_posix()) for n in names if _wanted(Path(n))]
+            if not found:
                 raise DocumentReadError(source, "no such file, folder or glob match")
-            for match in matches:
-                add(match, match.as_posix())
-    return files
+        for item in found:
+            files.setdefault(item[0].resolve(), item)
+    return list(files.values())
+
+
+def _wanted(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in SUPPORTED_SUFFIXES
 
 
 def _walk_folder(root: Path) -> list[tuple[Path, str]]:
     found = []
     for folder, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in filenames:
-            if name.startswith(".") or Path(name).suffix.lower() not in SUPPORTED_SUFFIXES:
-                continue
-            path = Path(folder, name)
-            found.append((path, path.relative_to(root).as_posix()))
-    found.sort(key=lambda item: item[1])
-    return found
+        paths = (Path(folder, name) for name in filenames if not name.startswith("."))
+        found.extend((p, p.relative_to(root).as_posix()) for p in paths if _wanted(p))
+    return sorted(found, key=lambda item: item[1])
 
 
 def _iter_files(
     files: list[tuple[Path, str]], errors: list[DocumentReadError] | None
 ) -> Iterator[Document]:
-    first_source: dict[str, str] = {}
+    first_seen: dict[str, str] = {}
     for path, doc_id in files:
         if path.suffix.lower() == JSONL_SUFFIX:
-            items: Iterable[Document | DocumentReadError] = _jsonl_records(path, first_source)
+            records = _jsonl_records(path)
         else:
             try:
-                items = [read_document(path, doc_id=doc_id)]
+                records = iter([(path, 0, read_document(path, doc_id=doc_id))])
             except DocumentReadError as exc:
-                items = [exc]
-            else:
-                dup = first_source.get(doc_id)
-                if dup is not None:
-                    items = [DocumentReadError(path, f"duplicate doc_id {doc_id!r}, first in {dup}")]
-                else:
-                    first_source[doc_id] = str(path)
-        for item in items:
-            if isinstance(item, DocumentReadError):
-                if errors is None:
-                    raise item
-                errors.append(item)
-            else:
+                records = iter([(path, 0, exc)])
+        for item in _unique(records, first_seen):
+            if isinstance(item, Document):
                 yield item
+            elif errors is None:
+                raise item
+            else:
+                errors.append(item)
 
 
-def _jsonl_records(
-    path: Path, first_source: dict[str, str]
+_Record = tuple[Path, int, "Document | DocumentReadError"]
+
+
+def _unique(
+    records: Iterator[_Record], first_seen: dict[str, str]
 ) -> Iterator[Document | DocumentReadError]:
-    """Documents and per-line errors of one JSON Lines file; a file-level error ends it."""
+    """Turn a document whose doc_id was seen before into an error."""
+    for path, line, item in records:
+        if isinstance(item, Document):
+            where = f"{path} line {line}" if line else str(path)
+            first = first_seen.setdefault(item.doc_id, where)
+            if first != where:
+                prefix = f"line {line}: " if line else ""
+                reason = f"{prefix}duplicate doc_id {item.doc_id!r}, first in {first}"
+                item = DocumentReadError(path, reason)
+        yield item
+
+
+def _jsonl_records(path: Path) -> Iterator[_Record]:
+    """(path, line number, document or error) per line; a file-level error ends it."""
     try:
         handle = path.open("rb")
     except OSError as exc:
-        yield DocumentReadError(path, _os_reason(exc))
+        yield path, 0, DocumentReadError(path, _os_reason(exc))
         return
     with handle:
         for number, raw in enumerate(handle, start=1):
@@ -188,19 +178,10 @@ def _jsonl_records(
             try:
                 doc = _jsonl_document(path, number, raw)
             except DocumentReadError as exc:
-                yield exc
+                yield path, number, exc
                 continue
-            if doc is None:
-                continue
-            here = f"{path}:{number}"
-            dup = first_source.get(doc.doc_id)
-            if dup is not None:
-                yield DocumentReadError(
-                    path, f"line {number}: duplicate id {doc.doc_id!r}, first in {dup}"
-                )
-                continue
-            first_source[doc.doc_id] = here
-            yield doc
+            if doc is not None:
+                yield path, number, doc
 
 
 def _jsonl_document(path: Path, number: int, raw: bytes) -> Document | None:
@@ -208,9 +189,10 @@ def _jsonl_document(path: Path, number: int, raw: bytes) -> Document | None:
         return DocumentReadError(path, f"line {number}: {what}")
 
     try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as exc:
-        raise fail(f"not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at column {exc.start + 1})")
+        bad = exc.object[exc.start]
+        raise fail(f"not valid UTF-8 (byte 0x{bad:02x} at column {exc.start + 1})") from None
     if not line.strip():
         return None
     try:
@@ -223,21 +205,14 @@ def _jsonl_document(path: Path, number: int, raw: bytes) -> Document | None:
     if id_key is None:
         raise fail("missing id (one of '_id', 'id', 'doc_id')")
     doc_id = record[id_key]
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
-        raise fail(f"{id_key!r} must be a string or an integer, got {type(doc_id).__name__}")
-    doc_id = str(doc_id)
-    if not doc_id.strip():
-        raise fail(f"{id_key!r} is empty")
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or not str(doc_id).strip():
+        raise fail(f"{id_key!r} must be a non-empty string or an integer, got {doc_id!r}")
     if "text" not in record:
         raise fail("missing 'text'")
-    text = record["text"]
-    if not isinstance(text, str):
-        raise fail(f"'text' must be a string, got {type(text).__name__}")
-    title = record.get("title")
-    if title is None:
-        title = ""
-    elif not isinstance(title, str):
-        raise fail(f"'title' must be a string, got {type(title).__name__}")
+    text, title = record["text"], record.get("title") or ""
+    for key, value in (("text", text), ("title", title)):
+        if not isinstance(value, str):
+            raise fail(f"{key!r} must be a string, got {type(value).__name__}")
     metadata: dict[str, object] = {}
     for key, value in record.items():
         if key in (id_key, "text", "title"):
@@ -246,7 +221,7 @@ def _jsonl_document(path: Path, number: int, raw: bytes) -> Document | None:
             metadata.update(value)
         else:
             metadata[key] = value
-    return Document(doc_id=doc_id, text=text, title=title, source=str(path), metadata=metadata)
+    return Document(str(doc_id), text, title=title, source=str(path), metadata=metadata)
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -256,14 +231,15 @@ def _read_bytes(path: Path) -> bytes:
         raise DocumentReadError(path, _os_reason(exc)) from None
 
 
+_OS_REASONS = {
+    FileNotFoundError: "file not found",
+    IsADirectoryError: "is a folder, not a file",
+    PermissionError: "permission denied",
+}
+
+
 def _os_reason(exc: OSError) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "file not found"
-    if isinstance(exc, IsADirectoryError):
-        return "is a folder, not a file"
-    if isinstance(exc, PermissionError):
-        return "permission denied"
-    return exc.strerror or str(exc)
+    return _OS_REASONS.get(type(exc)) or exc.strerror or str(exc)
 
 
 def _decode_text(path: Path, data: bytes) -> str:
@@ -329,68 +305,50 @@ def _parse_html(markup: str) -> tuple[str, str]:
 
 def _html_text(soup: BeautifulSoup) -> str:
     """Text of the tree; block elements become paragraphs separated by blank lines."""
-    pieces: list[object] = []
-    stack: list[object] = [soup]
+    blocks: list[str] = []
+    current: list[str] = []
+    stack: list[object] = [soup, _BREAK]
     while stack:
         node = stack.pop()
-        if node is _BREAK:
-            pieces.append(_BREAK)
-        elif isinstance(node, Tag):
-            if node.name == "br":
-                pieces.append("\n")
-            elif node.name == "pre":
-                pieces.extend([_BREAK, node.get_text().strip("\n"), _BREAK])
-            elif node.name in _BLOCK_TAGS:
-                pieces.append(_BREAK)
-                stack.append(_BREAK)
-                stack.extend(reversed(node.contents))
-            else:
-                stack.extend(reversed(node.contents))
-        elif isinstance(node, NavigableString) and not isinstance(node, _SKIPPED_STRINGS):
-            pieces.append(" ".join(node.split("\n")) if node.strip() else " ")
-    blocks, current = [], []
-    for piece in pieces + [_BREAK]:
-        if piece is _BREAK:
-            block = _tidy_block("".join(current))  # type: ignore[arg-type]
-            if block:
-                blocks.append(block)
+        if node is _BREAK or (isinstance(node, Tag) and node.name in _BLOCK_TAGS):
+            lines = (_SPACES.sub(" ", line).strip() for line in "".join(current).split("\n"))
+            blocks.append("\n".join(line for line in lines if line))
             current = []
-        else:
-            current.append(piece)
-    return "\n\n".join(blocks)
-
-
-def _tidy_block(block: str) -> str:
-    lines = (_SPACES.sub(" ", line).strip() for line in block.split("\n"))
-    return "\n".join(line for line in lines if line)
+            if node is _BREAK:
+                continue
+            if node.name == "pre":  # type: ignore[union-attr]
+                blocks.append(node.get_text().strip("\n"))  # type: ignore[union-attr]
+                continue
+            stack.append(_BREAK)
+        if isinstance(node, Tag):
+            if node.name == "br":
+                current.append("\n")
+            stack.extend(reversed(node.contents))
+        elif isinstance(node, NavigableString) and not isinstance(node, _SKIPPED_STRINGS):
+            current.append(node.replace("\n", " "))
+    return "\n\n".join(block for block in blocks if block.strip())
 
 
 def _parse_pdf(path: Path, data: bytes) -> tuple[str, str, int]:
-    from pypdf import PdfReader
-
     try:
         reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not _try_empty_password(reader):
+        if reader.is_encrypted and not _opens_without_password(reader):
             raise DocumentReadError(path, "encrypted PDF")
         pages = [page.extract_text() or "" for page in reader.pages]
-        meta = reader.metadata
-        title = meta.title if meta is not None else None
+        title = reader.metadata.title if reader.metadata is not None else None
     except DocumentReadError:
         raise
     except Exception as exc:  # pypdf raises many types on damaged input
         reason = str(exc).strip() or type(exc).__name__
         raise DocumentReadError(path, f"corrupt PDF: {reason}") from None
-    texts = [p.replace("\r\n", "\n").replace("\r", "\n").strip() for p in pages]
-    text = "\n\n".join(t for t in texts if t)
+    texts = (p.replace("\r\n", "\n").replace("\r", "\n").strip() for p in pages)
     title = title.strip() if isinstance(title, str) else ""
-    return text, title, len(pages)
+    return "\n\n".join(t for t in texts if t), title, len(pages)
 
 
-def _try_empty_password(reader: object) -> bool:
-    """Open a PDF that is encrypted with an empty user password (owner-only protection)."""
-    from pypdf import PasswordType
-
+def _opens_without_password(reader: PdfReader) -> bool:
+    """True for a PDF encrypted with an empty user password (owner-only protection)."""
     try:
-        return reader.decrypt("") != PasswordType.NOT_DECRYPTED  # type: ignore[attr-defined]
+        return reader.decrypt("") != PasswordType.NOT_DECRYPTED
     except Exception:  # a missing crypto backend or an unsupported scheme: treat as locked
         return False

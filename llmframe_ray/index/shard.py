@@ -1,0 +1,203 @@
+"""One index shard: dense index, sparse index and chunk store over the same rows, plus a manifest.
+
+Row i is the same chunk everywhere. On disk a shard is a directory:
+
+    manifest.json          written last; lists every other file with its size and SHA-256
+    dense.faiss            the FAISS index
+    sparse/                the bm25s index and the analyzer settings
+    chunks.*               the chunk store
+
+`save` writes into a temporary sibling directory and renames it into place, so a shard directory
+either is complete or does not exist; a directory without manifest.json is debris of a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from llmframe_ray.errors import IndexLoadError
+from llmframe_ray.index import atomic
+from llmframe_ray.index.dense import DenseIndex, DenseParams
+from llmframe_ray.index.manifest import MANIFEST_NAME, Manifest, describe_file
+from llmframe_ray.index.sparse import SparseIndex, SparseParams
+from llmframe_ray.index.store import ChunkStore
+from llmframe_ray.types import Chunk
+
+DENSE_FILE = "dense.faiss"
+SPARSE_DIR = "sparse"
+MODEL_KEYS = ("name", "provider", "dim", "max_length")
+
+
+def _check_inputs(chunks: Sequence[Chunk], embeddings: Any, model: Mapping[str, Any]) -> None:
+    if len(chunks) == 0:
+        raise ValueError("cannot build an index shard from zero chunks")
+    if not isinstance(embeddings, np.ndarray) or embeddings.ndim != 2:
+        raise ValueError("embeddings must be a 2-D numpy array (one row per chunk)")
+    if embeddings.shape[0] != len(chunks):
+        raise ValueError(
+            f"got {len(chunks)} chunks but {embeddings.shape[0]} embeddings; "
+            "embeddings row i must belong to chunks[i]"
+        )
+    missing = [key for key in MODEL_KEYS if key not in model]
+    if missing:
+        raise ValueError(f"model description is missing keys: {', '.join(missing)}")
+    if model["dim"] != embeddings.shape[1]:
+        raise ValueError(
+            f"model {model['name']!r} has dim {model['dim']} but the embeddings have "
+            f"{embeddings.shape[1]} columns"
+        )
+    seen: set[str] = set()
+    for chunk in chunks:
+        if chunk.chunk_id in seen:
+            raise ValueError(f"chunk id {chunk.chunk_id!r} occurs more than once")
+        seen.add(chunk.chunk_id)
+
+
+def _describe_files(directory: Path) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of every file under `directory`, keyed by POSIX relative path."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    return {p.relative_to(directory).as_posix(): describe_file(p) for p in files}
+
+
+def _check_files(path: Path, files: Mapping[str, Any], verify: bool) -> None:
+    if DENSE_FILE not in files:
+        raise IndexLoadError(f"{path}: the manifest lists no {DENSE_FILE}")
+    for name, expected in files.items():
+        if not isinstance(expected, Mapping) or not {"bytes", "sha256"} <= set(expected):
+            raise IndexLoadError(f"{path}: manifest entry for {name} needs bytes and sha256")
+        file = path / name
+        if not file.is_file():
+            raise IndexLoadError(f"{path}: file {name} listed in the manifest is missing")
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            raise IndexLoadError(
+                f"{path}: file {name} has {size} bytes; the manifest says {expected['bytes']}"
+            )
+        if verify and describe_file(file)["sha256"] != expected["sha256"]:
+            raise IndexLoadError(f"{path}: file {name} does not match its SHA-256 in the manifest")
+
+
+@dataclass(frozen=True, eq=False)
+class IndexShard:
+    dense: DenseIndex
+    sparse: SparseIndex
+    store: ChunkStore
+    manifest: Manifest
+
+    @classmethod
+    def build(
+        cls,
+        chunks: Sequence[Chunk],
+        embeddings: np.ndarray,
+        *,
+        dense: DenseParams,
+        sparse: SparseParams,
+        model: Mapping[str, Any],
+        chunking: Mapping[str, Any],
+    ) -> IndexShard:
+        """Index `chunks`; `embeddings[i]` is the vector of `chunks[i]`.
+
+        `model` describes the embedder: name, provider, dim, max_length. BM25 indexes each
+        chunk's `indexed_text` (title and text).
+        """
+        _check_inputs(chunks, embeddings, model)
+        dense_index = DenseIndex.build(embeddings, dense)
+        sparse_index = SparseIndex.build([c.indexed_text for c in chunks], sparse)
+        store = ChunkStore.from_chunks(chunks)
+        manifest = Manifest(
+            model=dict(model),
+            parameters={
+                "chunking": dict(chunking),
+                "dense": dense_index.params.to_dict(),
+                "sparse": sparse_index.params.to_dict(),
+            },
+            counts={"documents": store.n_documents, "chunks": len(store)},
+            max_chunks_per_doc=store.max_chunks_per_doc,
+        )
+        return cls(dense_index, sparse_index, store, manifest)
+
+    def save(self, path: str | Path) -> Manifest:
+        """Write the shard to the new directory `path`; return the manifest written.
+
+        Everything goes into a temporary sibling directory first (fsynced, manifest last), which
+        is then renamed to `path`. On an error the temporary directory is removed.
+        """
+        path = Path(path)
+        if path.exists():
+            raise FileExistsError(f"{path} already exists; a shard is written once, to a new path")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = atomic.temp_sibling(path)
+        tmp.mkdir()
+        try:
+            self.dense.save(tmp / DENSE_FILE)
+            self.sparse.save(tmp / SPARSE_DIR)
+            self.store.save(tmp)
+            atomic.fsync_tree(tmp)
+            manifest = replace(self.manifest, files=_describe_files(tmp))
+            manifest.save(tmp / MANIFEST_NAME)
+            atomic.fsync_dir(tmp)
+            if path.exists():
+                raise FileExistsError(f"{path} appeared while the shard was being written")
+            os.rename(tmp, path)
+        except Exception:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        atomic.fsync_dir(path.parent)
+        return manifest
+
+    @classmethod
+    def load(cls, path: str | Path, *, mmap: bool = True, verify: bool = False) -> IndexShard:
+        """Open a saved shard. File sizes are always checked; `verify` also checks SHA-256."""
+        path = Path(path)
+        if not path.is_dir():
+            raise IndexLoadError(f"{path}: index shard directory does not exist")
+        if not (path / MANIFEST_NAME).is_file():
+            raise IndexLoadError(
+                f"{path}: incomplete index shard ({MANIFEST_NAME} is missing); rebuild it"
+            )
+        manifest = Manifest.load(path / MANIFEST_NAME)
+        _check_files(path, manifest.files, verify)
+        try:
+            dense_params = DenseParams.from_dict(manifest.parameters["dense"])
+            dense = DenseIndex.load(path / DENSE_FILE, dense_params, mmap=mmap)
+            sparse = SparseIndex.load(path / SPARSE_DIR, mmap=mmap)
+            store = ChunkStore.load(path, mmap=mmap)
+        except (OSError, RuntimeError, ValueError, KeyError, TypeError) as exc:
+            raise IndexLoadError(f"{path}: cannot load index shard: {exc}") from exc
+        sizes = {"dense": len(dense), "sparse": len(sparse), "store": len(store)}
+        expected = manifest.counts.get("chunks")
+        if any(size != expected for size in sizes.values()):
+            raise IndexLoadError(
+                f"{path}: the manifest counts {expected} chunks but the parts hold {sizes}"
+            )
+        return cls(dense, sparse, store, manifest)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def search_dense(self, query_vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Per query, up to `k` (row, cosine) pairs, best first (ties: lower row first)."""
+        scores, rows = self.dense.search(query_vectors, k)
+        return [
+            [(int(r), float(s)) for s, r in zip(q_scores, q_rows) if r >= 0]
+            for q_scores, q_rows in zip(scores.tolist(), rows.tolist())
+        ]
+
+    def search_sparse(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
+        """Per query, up to `k` (row, BM25 score) pairs with a positive score, best first."""
+        return self.sparse.search(queries, k)
+
+    def chunk(self, row: int) -> Chunk:
+        return self.store.get(row)
+
+    def chunks(self, rows: Sequence[int]) -> list[Chunk]:
+        return self.store.get_many(rows)
+
+    def doc_id(self, row: int) -> str:
+        return self.store.doc_id(row)

@@ -1,0 +1,258 @@
+"""Sparse retrieval over one shard: BM25 (Lucene variant) scored by bm25s.
+
+Text is analysed here, not by bm25s's tokenizer, so that queries never change any state: lower
+case, split on the bm25s default pattern (runs of two or more word characters), drop stopwords,
+then stem with PyStemmer. This gives the same terms as `bm25s.tokenize` with the same options.
+The analyzer's settings, the resolved stopword list included, are saved with the index so that
+queries are analysed exactly as the corpus was, whatever bm25s version reads the index later.
+
+bm25s's "lucene" scores are idf * tf / (tf + k1 * (1 - b + b * len / avglen)) with
+idf = ln(1 + (N - df + 0.5) / (df + 0.5)): Lucene 8+ drops the classic constant factor (k1 + 1),
+which does not change any ranking. A query term repeated n times counts n times.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+import bm25s
+import numpy as np
+import Stemmer
+
+from llmframe_ray.index import atomic
+
+METHODS = ("lucene",)
+TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+_ANALYZER_FILE = "analyzer.json"
+_LENGTHS_FILE = "doc_lengths.npy"
+
+
+def _stopword_list(name: str | None) -> list[str]:
+    """The stopwords bm25s ships under `name` ("en", "english", "de", ...); [] for None."""
+    if name is None:
+        return []
+    try:
+        return sorted(set(bm25s.tokenization.Tokenizer(stopwords=name).stopwords))
+    except ValueError as exc:
+        raise ValueError(f"unknown stopword list {name!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class SparseParams:
+    """BM25 settings. `stemmer` is a PyStemmer algorithm name; `stopwords` a bm25s list name."""
+
+    k1: float = 1.5
+    b: float = 0.75
+    method: str = "lucene"
+    stemmer: str | None = "english"
+    stopwords: str | None = "en"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(
+                f"unknown BM25 method {self.method!r}; valid methods: {', '.join(METHODS)}"
+            )
+        if not self.k1 > 0:
+            raise ValueError(f"k1 must be positive, got {self.k1!r}")
+        if not 0 <= self.b <= 1:
+            raise ValueError(f"b must be between 0 and 1, got {self.b!r}")
+        if self.stemmer is not None and self.stemmer not in Stemmer.algorithms():
+            valid = ", ".join(Stemmer.algorithms())
+            raise ValueError(f"unknown stemmer {self.stemmer!r}; valid stemmers: {valid}")
+        _stopword_list(self.stopwords)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SparseParams:
+        return cls(
+            k1=settings.bm25_k1,
+            b=settings.bm25_b,
+            stemmer=settings.bm25_stemmer,
+            stopwords=settings.bm25_stopwords,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SparseParams:
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    """The corpus statistics BM25 depends on, in a form shards can add up.
+
+    `doc_freqs` maps each analysed term (a stem when stemming) to the number of documents
+    holding it; `n_tokens` is the total of the documents' lengths in terms.
+    """
+
+    n_docs: int
+    n_tokens: int
+    doc_freqs: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "doc_freqs", MappingProxyType(dict(self.doc_freqs)))
+
+    @property
+    def avg_doc_length(self) -> float:
+        return self.n_tokens / self.n_docs if self.n_docs else 0.0
+
+    @classmethod
+    def merge(cls, parts: Sequence[CorpusStats]) -> CorpusStats:
+        """The statistics of the union of disjoint corpora."""
+        freqs: dict[str, int] = {}
+        for part in parts:
+            for term, df in part.doc_freqs.items():
+                freqs[term] = freqs.get(term, 0) + df
+        return cls(
+            n_docs=sum(p.n_docs for p in parts),
+            n_tokens=sum(p.n_tokens for p in parts),
+            doc_freqs=freqs,
+        )
+
+
+class Analyzer:
+    """Text -> terms. Holds no mutable state but a per-thread stemmer (PyStemmer is not
+    thread-safe), so one analyzer can serve concurrent queries."""
+
+    def __init__(self, stemmer: str | None, stopwords: Sequence[str], lower: bool = True) -> None:
+        self.stemmer_name = stemmer
+        self.stopwords = frozenset(stopwords)
+        self.lower = lower
+        self._split = re.compile(TOKEN_PATTERN).findall
+        self._local = threading.local()
+
+    def _stem(self, word: str) -> str:
+        stemmer = getattr(self._local, "stemmer", None)
+        if stemmer is None:
+            stemmer = self._local.stemmer = Stemmer.Stemmer(self.stemmer_name)
+        return stemmer.stemWord(word)
+
+    def terms(self, text: str) -> list[str]:
+        if self.lower:
+            text = text.lower()
+        words = [w for w in self._split(text) if w not in self.stopwords]
+        if self.stemmer_name is None:
+            return words
+        return [self._stem(w) for w in words]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pattern": TOKEN_PATTERN,
+            "lower": self.lower,
+            "stemmer": self.stemmer_name,
+            "stopwords": sorted(self.stopwords),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Analyzer:
+        if data["pattern"] != TOKEN_PATTERN:
+            raise ValueError(f"unsupported token pattern {data['pattern']!r}")
+        return cls(stemmer=data["stemmer"], stopwords=data["stopwords"], lower=data["lower"])
+
+
+def _top_positive(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """Rows with a positive score, best first (score desc, then row asc), at most k."""
+    rows = np.flatnonzero(scores > 0)
+    values = scores[rows]
+    if len(rows) > k:
+        kth = np.partition(values, len(values) - k)[len(values) - k]
+        keep = values >= kth  # everything tied with the k-th score stays for the tie-break
+        rows, values = rows[keep], values[keep]
+    order = np.lexsort((rows, -values))[:k]
+    return [(int(rows[i]), float(values[i])) for i in order]
+
+
+class SparseIndex:
+    """BM25 over a list of texts; row i is `texts[i]`."""
+
+    def __init__(
+        self, bm25: bm25s.BM25, analyzer: Analyzer, params: SparseParams, doc_lengths: np.ndarray
+    ) -> None:
+        self._bm25 = bm25
+        self.analyzer = analyzer
+        self.params = params
+        self._doc_lengths = doc_lengths
+
+    @classmethod
+    def build(cls, texts: Sequence[str], params: SparseParams) -> SparseIndex:
+        if len(texts) == 0:
+            raise ValueError("cannot build a sparse index from zero texts")
+        analyzer = Analyzer(params.stemmer, _stopword_list(params.stopwords))
+        vocab: dict[str, int] = {}
+        corpus_ids = []
+        for text in texts:
+            corpus_ids.append([vocab.setdefault(t, len(vocab)) for t in analyzer.terms(text)])
+        bm25 = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
+        bm25.index((corpus_ids, vocab), create_empty_token=False, show_progress=False)
+        lengths = np.array([len(ids) for ids in corpus_ids], dtype=np.int64)
+        return cls(bm25, analyzer, params, lengths)
+
+    def __len__(self) -> int:
+        return int(self._bm25.scores["num_docs"])
+
+    def term_ids(self, query: str) -> list[int]:
+        """The query's terms that occur in the corpus, as vocabulary ids (repeats kept)."""
+        vocab = self._bm25.vocab_dict
+        return [vocab[t] for t in self.analyzer.terms(query) if t in vocab]
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
+        """Per query, up to `k` (row, score) pairs with a positive score, best first.
+
+        Ties are broken by row, ascending. A query with no term in the corpus (only stopwords,
+        only unknown words, or empty) gets [].
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        if isinstance(queries, str):
+            raise ValueError("queries must be a sequence of strings, not one string")
+        k = min(k, len(self))
+        results = []
+        for query in queries:
+            ids = self.term_ids(query)
+            if not ids:
+                results.append([])
+                continue
+            results.append(_top_positive(self._bm25.get_scores_from_ids(ids), k))
+        return results
+
+    def stats(self) -> CorpusStats:
+        """Document count, total length and per-term document frequencies (computed here)."""
+        indptr = np.asarray(self._bm25.scores["indptr"])
+        # Column t of the score matrix has one entry per document holding term t (Lucene idf is
+        # always positive, so no entry is zero).
+        counts = np.diff(indptr)
+        freqs = {term: int(counts[tid]) for term, tid in self._bm25.vocab_dict.items()}
+        return CorpusStats(len(self), int(np.sum(self._doc_lengths)), freqs)
+
+    def save(self, directory: str | Path) -> None:
+        """Write the index files into `directory` (created when missing).
+
+        Each file is complete once written, but the set is not switched atomically:
+        `IndexShard.save` provides that for a whole shard.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._bm25.save(directory, show_progress=False)
+        atomic.write_array(directory / _LENGTHS_FILE, np.asarray(self._doc_lengths))
+        atomic.write_json(
+            directory / _ANALYZER_FILE,
+            {"analyzer": self.analyzer.to_dict(), "params": self.params.to_dict()},
+        )
+
+    @classmethod
+    def load(cls, directory: str | Path, *, mmap: bool = True) -> SparseIndex:
+        """Read an index written by `save`; with `mmap` the score arrays are memory-mapped."""
+        directory = Path(directory)
+        saved = json.loads((directory / _ANALYZER_FILE).read_text(encoding="utf-8"))
+        analyzer = Analyzer.from_dict(saved["analyzer"])
+        params = SparseParams.from_dict(saved["params"])
+        bm25 = bm25s.BM25.load(directory, mmap=mmap, load_corpus=False, show_progress=False)
+        lengths = np.load(directory / _LENGTHS_FILE, mmap_mode="r" if mmap else None)
+        return cls(bm25, analyzer, params, lengths)

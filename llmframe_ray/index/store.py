@@ -1,0 +1,142 @@
+"""The chunk store of a shard: row i -> Chunk, readable without loading the whole store.
+
+Files (all written atomically):
+    chunks.bin            one UTF-8 JSON object per chunk (every Chunk field), concatenated
+    chunks.offsets.npy    int64, n + 1 byte offsets; record i is bin[offsets[i]:offsets[i + 1]]
+    chunks.docs.json      the distinct doc ids, in order of first appearance
+    chunks.doc_index.npy  int32, n: row -> position of its doc id in chunks.docs.json
+
+With `mmap`, chunks.bin and the two arrays are memory-mapped; only chunks.docs.json is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from llmframe_ray.index import atomic
+from llmframe_ray.types import Chunk
+
+BIN_FILE = "chunks.bin"
+OFFSETS_FILE = "chunks.offsets.npy"
+DOCS_FILE = "chunks.docs.json"
+DOC_INDEX_FILE = "chunks.doc_index.npy"
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Chunk))
+
+
+def _encode(chunk: Chunk) -> bytes:
+    record = {name: getattr(chunk, name) for name in _FIELDS}
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class ChunkStore:
+    """Chunks by row. Build one with `from_chunks`, persist with `save`, reopen with `load`."""
+
+    def __init__(
+        self,
+        data: np.ndarray,
+        offsets: np.ndarray,
+        doc_table: Sequence[str],
+        doc_index: np.ndarray,
+    ) -> None:
+        if len(offsets) != len(doc_index) + 1:
+            raise ValueError(
+                f"chunk store has {len(offsets)} offsets for {len(doc_index)} rows; "
+                "expected one more offset than rows"
+            )
+        self._data = data
+        self._offsets = offsets
+        self.doc_table = tuple(doc_table)
+        self.doc_index = doc_index
+        self._doc_ids: list[str] | None = None
+
+    @classmethod
+    def from_chunks(cls, chunks: Sequence[Chunk]) -> ChunkStore:
+        records = [_encode(c) for c in chunks]
+        offsets = np.zeros(len(records) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in records], out=offsets[1:])
+        positions: dict[str, int] = {}
+        doc_index = np.array(
+            [positions.setdefault(c.doc_id, len(positions)) for c in chunks], dtype=np.int32
+        )
+        data = np.frombuffer(b"".join(records), dtype=np.uint8)
+        return cls(data, offsets, list(positions), doc_index)
+
+    def __len__(self) -> int:
+        return len(self.doc_index)
+
+    def _check_row(self, row: int) -> int:
+        row = int(row)
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} is out of range for a store of {len(self)} chunks")
+        return row
+
+    def get(self, row: int) -> Chunk:
+        row = self._check_row(row)
+        start, end = int(self._offsets[row]), int(self._offsets[row + 1])
+        record = json.loads(self._data[start:end].tobytes().decode("utf-8"))
+        return Chunk(**record)
+
+    def get_many(self, rows: Sequence[int]) -> list[Chunk]:
+        return [self.get(row) for row in rows]
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return (self.get(row) for row in range(len(self)))
+
+    def doc_id(self, row: int) -> str:
+        return self.doc_table[int(self.doc_index[self._check_row(row)])]
+
+    @property
+    def doc_ids(self) -> list[str]:
+        """The doc id of every row (built once, on first use). For grouping rows by
+        document, `doc_index` (int codes into `doc_table`) is cheaper."""
+        if self._doc_ids is None:
+            table = self.doc_table
+            self._doc_ids = [table[i] for i in self.doc_index.tolist()]
+        return self._doc_ids
+
+    @property
+    def n_documents(self) -> int:
+        return len(self.doc_table)
+
+    @property
+    def max_chunks_per_doc(self) -> int:
+        if len(self) == 0:
+            return 0
+        return int(np.bincount(self.doc_index, minlength=len(self.doc_table)).max())
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic.write_via(directory / BIN_FILE, self._write_data)
+        atomic.write_array(directory / OFFSETS_FILE, np.asarray(self._offsets, dtype=np.int64))
+        atomic.write_json(directory / DOCS_FILE, list(self.doc_table))
+        atomic.write_array(directory / DOC_INDEX_FILE, np.asarray(self.doc_index, dtype=np.int32))
+
+    def _write_data(self, path: Path, block: int = 1 << 24) -> None:
+        with open(path, "wb") as f:
+            for start in range(0, len(self._data), block):
+                f.write(self._data[start : start + block].tobytes())
+
+    @classmethod
+    def load(cls, directory: str | Path, *, mmap: bool = True) -> ChunkStore:
+        directory = Path(directory)
+        mode = "r" if mmap else None
+        offsets = np.load(directory / OFFSETS_FILE, mmap_mode=mode)
+        doc_index = np.load(directory / DOC_INDEX_FILE, mmap_mode=mode)
+        doc_table = json.loads((directory / DOCS_FILE).read_text(encoding="utf-8"))
+        bin_path = directory / BIN_FILE
+        if mmap and bin_path.stat().st_size > 0:
+            data = np.memmap(bin_path, dtype=np.uint8, mode="r")
+        else:  # an empty file cannot be memory-mapped
+            data = np.fromfile(bin_path, dtype=np.uint8)
+        if int(offsets[-1]) != len(data):
+            raise ValueError(
+                f"{bin_path} has {len(data)} bytes but its offsets end at {int(offsets[-1])}"
+            )
+        return cls(data, offsets, doc_table, doc_index)

@@ -1,0 +1,92 @@
+import json
+import math
+
+import pytest
+
+from llmframe_ray.errors import DatasetError
+from llmframe_ray.eval.beir import load_beir
+from llmframe_ray.eval.trec import score_run, write_run
+
+
+def make_beir(root, qrels_lines=("q1\td1\t1", "q2\td3\t2", "q2\td2\t1")):
+    root.mkdir()
+    (root / "qrels").mkdir()
+    docs = [{"_id": f"d{i}", "title": f"T{i}", "text": f"text {i}"} for i in range(1, 4)]
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    queries = [{"_id": "q1", "text": "first"}, {"_id": "q2", "text": "second"}, {"_id": "q3", "text": "unjudged"}]
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(qrels_lines) + "\n")
+    return root
+
+
+def test_load_beir_keeps_only_judged_queries(tmp_path):
+    ds = load_beir(make_beir(tmp_path / "tiny"))
+    assert ds.name == "tiny"
+    assert [d.doc_id for d in ds.corpus] == ["d1", "d2", "d3"]
+    assert ds.corpus[0].title == "T1"
+    assert dict(ds.queries) == {"q1": "first", "q2": "second"}
+    assert {q: dict(d) for q, d in ds.qrels.items()} == {"q1": {"d1": 1}, "q2": {"d3": 2, "d2": 1}}
+    assert len(ds.corpus_sha256) == 64
+
+
+@pytest.mark.parametrize("missing", ["corpus.jsonl", "queries.jsonl", "qrels/test.tsv"])
+def test_missing_file_is_named(tmp_path, missing):
+    root = make_beir(tmp_path / "tiny")
+    (root / missing).unlink()
+    with pytest.raises(DatasetError) as err:
+        load_beir(root)
+    assert str(err.value) == (
+        f"dataset folder {root} is missing {root / missing} "
+        "(a BEIR folder holds corpus.jsonl, queries.jsonl and qrels/<split>.tsv)"
+    )
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(DatasetError, match="does not exist"):
+        load_beir(tmp_path / "nope")
+
+
+def test_malformed_qrels_line(tmp_path):
+    root = make_beir(tmp_path / "tiny", qrels_lines=("q1\td1",))
+    with pytest.raises(DatasetError) as err:
+        load_beir(root)
+    assert str(err.value) == f"{root / 'qrels' / 'test.tsv'} line 2: expected 3 tab-separated fields, got 2"
+
+
+def test_malformed_corpus_line(tmp_path):
+    root = make_beir(tmp_path / "tiny")
+    with open(root / "corpus.jsonl", "a") as fh:
+        fh.write("{not json\n")
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl line 4: invalid JSON"):
+        load_beir(root)
+
+
+def test_run_file_format_and_scores(tmp_path):
+    qrels = {"q1": {"d1": 1}, "q2": {"d3": 2, "d2": 1}}
+    run = {"q1": [("d2", 0.9), ("d1", 0.5)], "q2": [("d3", 3.0), ("d2", 2.0), ("d1", 1.0)]}
+    path = write_run(tmp_path / "runs" / "x.trec", run, tag="test-run")
+    assert path.read_text().splitlines() == [
+        "q1 Q0 d2 1 0.900000 test-run",
+        "q1 Q0 d1 2 0.500000 test-run",
+        "q2 Q0 d3 1 3.000000 test-run",
+        "q2 Q0 d2 2 2.000000 test-run",
+        "q2 Q0 d1 3 1.000000 test-run",
+    ]
+    scores = score_run(path, qrels)
+    # q1: single relevant doc at rank 2 -> 1/log2(3); q2: ideal order -> 1.0
+    assert scores["nDCG@10"] == pytest.approx((1 / math.log2(3) + 1.0) / 2, abs=1e-9)
+    assert scores["Recall@100"] == 1.0
+
+
+def test_query_missing_from_run_counts_as_zero(tmp_path):
+    qrels = {"q1": {"d1": 1}, "q2": {"d2": 1}}
+    path = write_run(tmp_path / "x.trec", {"q1": [("d1", 1.0)]}, tag="t")
+    assert score_run(path, qrels) == {"nDCG@10": 0.5, "Recall@100": 0.5}
+
+
+def test_run_rejects_whitespace_in_ids_and_tag(tmp_path):
+    with pytest.raises(ValueError, match="cannot hold whitespace"):
+        write_run(tmp_path / "x.trec", {"q 1": [("d1", 1.0)]}, tag="t")
+    assert not (tmp_path / "x.trec").exists()
+    with pytest.raises(ValueError, match="run tag must be one word"):
+        write_run(tmp_path / "x.trec", {}, tag="two words")

@@ -1,0 +1,183 @@
+import dataclasses
+
+import pytest
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.errors import EmptyQueryError, ModelError, QueryTooLongError
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.indexing import build_index, build_shard, chunk_documents, embed_chunks, make_chunker
+from llmframe_ray.pipeline import Pipeline, ResultLevel
+from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
+from llmframe_ray.types import Document, RankedList, SearchMode
+
+DOCS = [
+    Document("bikes", title="Cycling to work", text="Commuting by bicycle improves cardiovascular health and cuts traffic."),
+    Document("baking", title="Sourdough", text="A sourdough starter is a culture of wild yeast and lactic acid bacteria used to leaven bread."),
+    Document("charger", title="Warehouse inventory", text="The delivery van arrives on Tuesdays; pallets are stacked by the loading dock, forklifts are charged overnight and the night shift counts the stock. Part ZQ7731 sits on shelf 14."),
+    Document("phones", title="Phone batteries", text="Lithium-ion phone batteries charge fastest with a compatible USB-C power adapter."),
+    Document("volcano", title="Volcanoes", text="Basaltic lava flows erupt from shield volcanoes such as those of Hawaii."),
+    Document("tides", title="Tides", text="Ocean tides are driven mainly by the gravitational pull of the Moon."),
+    Document("lunar", title="Lunar phases", text="The Moon's phases follow its orbit: new moon, crescent, full moon."),
+    Document("currents", title="Ocean currents", text="Ocean currents move heat from the equator towards the poles."),
+    Document("eclipse", title="Eclipses", text="A solar eclipse happens when the Moon passes between Earth and the Sun."),
+    Document(
+        "long",
+        title="A long document",
+        text="\n\n".join(
+            f"Paragraph {i} about glaciers, ice sheets and the slow flow of ice under its own weight." * 3
+            for i in range(12)
+        ),
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def settings():
+    return load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3)
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory, settings, embedder):
+    root = tmp_path_factory.mktemp("pipeline-index")
+    build_index(DOCS, root, settings, embedder)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pipeline(index_dir, settings, embedder):
+    return Pipeline.open(index_dir, settings, embedder)
+
+
+def test_long_document_is_chunked_and_aggregated(pipeline):
+    hits = pipeline.search("glaciers and ice sheets flowing", SearchMode.DENSE, top_k=3)
+    assert hits[0].doc_id == "long"
+    assert len({h.doc_id for h in hits}) == 3  # one hit per document
+    chunk_hits = pipeline.search("glaciers and ice sheets flowing", SearchMode.DENSE, top_k=3, level="chunk")
+    assert [h.doc_id for h in chunk_hits] == ["long", "long", "long"]
+    assert len({h.chunk_id for h in chunk_hits}) == 3
+    assert pipeline.max_chunks_per_doc > 3
+
+
+def test_bm25_finds_exact_product_code(pipeline):
+    hits = pipeline.search("ZQ7731", SearchMode.BM25, top_k=5)
+    assert [h.doc_id for h in hits] == ["charger"]
+    assert dict(hits[0].ranks) == {"bm25": 1} and hits[0].rank == 1
+    assert hits[0].text == DOCS[2].text and hits[0].title == "Warehouse inventory"
+
+
+def test_hybrid_is_rrf_of_the_two_document_lists(pipeline, settings):
+    query = "compatible charger for part ZQ7731"
+    top_k = 4
+    depth = max(top_k, settings.fusion_depth)  # each ranker contributes its top `depth`
+    bm25 = pipeline.search(query, SearchMode.BM25, top_k=depth)
+    dense = pipeline.search(query, SearchMode.DENSE, top_k=depth)
+    expected = reciprocal_rank_fusion(
+        [
+            RankedList("bm25", [h.doc_id for h in bm25], [h.score for h in bm25]),
+            RankedList("dense", [h.doc_id for h in dense], [h.score for h in dense]),
+        ],
+        k=settings.rrf_k,
+        limit=top_k,
+    )
+    hybrid = pipeline.search(query, SearchMode.HYBRID, top_k=top_k)
+    assert len(hybrid) == top_k
+    assert [(h.doc_id, h.score, dict(h.ranks)) for h in hybrid] == [
+        (f.key, f.score, dict(f.ranks)) for f in expected
+    ]
+    assert [h.rank for h in hybrid] == list(range(1, len(hybrid) + 1))
+
+
+def test_bm25_only_hit_survives_fusion(pipeline, settings):
+    query = "lactic moon orbit"  # "lactic" occurs only in the baking document
+    depth = settings.fusion_depth
+    dense_top = [h.doc_id for h in pipeline.search(query, SearchMode.DENSE, top_k=depth)]
+    bm25_top = [h.doc_id for h in pipeline.search(query, SearchMode.BM25, top_k=depth)]
+    assert "baking" in bm25_top and "baking" not in dense_top  # precondition
+    bm25_rank = bm25_top.index("baking") + 1
+    hybrid = {h.doc_id: h for h in pipeline.search(query, SearchMode.HYBRID, top_k=depth)}
+    assert dict(hybrid["baking"].ranks) == {"bm25": bm25_rank}
+    assert hybrid["baking"].score == 1 / (settings.rrf_k + bm25_rank)
+
+
+def test_batch_equals_one_by_one(pipeline):
+    queries = ["sourdough bread yeast", "moon and ocean tides", "lava", "phone battery adapter"]
+    for mode in SearchMode:
+        batched = pipeline.search_batch(queries, mode, top_k=4)
+        single = [pipeline.search(q, mode, top_k=4) for q in queries]
+        assert [[(h.chunk_id, h.score) for h in hits] for hits in batched] == [
+            [(h.chunk_id, h.score) for h in hits] for hits in single
+        ]
+
+
+def test_default_mode_follows_hybrid_switch(index_dir, embedder):
+    on = Pipeline.open(index_dir, load_settings(hybrid_search_enabled=True), embedder)
+    off = Pipeline.open(index_dir, load_settings(hybrid_search_enabled=False), embedder)
+    assert on.default_mode is SearchMode.HYBRID and off.default_mode is SearchMode.DENSE
+    assert set(on.search("lava")[0].ranks) == {"bm25", "dense"}
+    assert set(off.search("lava")[0].ranks) == {"dense"}
+
+
+@pytest.mark.parametrize("query", ["", "   \n"])
+@pytest.mark.parametrize("mode", list(SearchMode))
+def test_empty_query(pipeline, query, mode):
+    with pytest.raises(EmptyQueryError, match="query is empty or whitespace only"):
+        pipeline.search(query, mode)
+
+
+def test_query_over_model_limit(pipeline):
+    query = "tides " * 400
+    for mode in (SearchMode.DENSE, SearchMode.HYBRID):
+        with pytest.raises(QueryTooLongError, match="the embedding model accepts at most 256"):
+            pipeline.search(query, mode)
+    assert pipeline.search(query, SearchMode.BM25)[0].doc_id == "tides"  # BM25 has no limit
+    assert pipeline.search(query, SearchMode.DENSE, truncate=True)[0].doc_id == "tides"
+
+
+def test_unknown_mode_and_level_and_top_k(pipeline):
+    with pytest.raises(ValueError) as err:
+        pipeline.search("lava", "semantic")
+    assert str(err.value) == "unknown search mode 'semantic'; valid modes: bm25, dense, hybrid"
+    with pytest.raises(ValueError) as err:
+        pipeline.search("lava", "bm25", level="page")
+    assert str(err.value) == "unknown result level 'page'; valid levels: chunk, document"
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="top_k must be a positive integer"):
+            pipeline.search("lava", "bm25", top_k=bad)
+
+
+def test_bm25_only_pipeline_needs_no_embedder(index_dir, settings):
+    p = Pipeline.open(index_dir, settings, None)
+    assert p.search("sourdough", "bm25")[0].doc_id == "baking"
+    with pytest.raises(ModelError, match="mode 'dense' needs an embedder"):
+        p.search("sourdough", "dense")
+
+
+def test_embedder_that_does_not_match_index(index_dir, settings, embedder):
+    class Other:
+        name, dim = "other-model", embedder.dim
+
+    with pytest.raises(ModelError) as err:
+        Pipeline.open(index_dir, settings, Other())
+    assert "built with embedding model 'all-MiniLM-L6-v2' (dim 384)" in str(err.value)
+
+
+def test_two_shards_rank_like_one_for_dense(tmp_path, settings, embedder):
+    chunks = chunk_documents(DOCS, make_chunker(settings, embedder))
+    vectors = embed_chunks(chunks, embedder)
+    by_doc = [i for i, c in enumerate(chunks) if c.doc_id in {"bikes", "charger", "volcano", "long"}]
+    rest = [i for i in range(len(chunks)) if i not in set(by_doc)]
+    shards = [
+        build_shard([chunks[i] for i in rows], vectors[rows], embedder, settings) for rows in (by_doc, rest)
+    ]
+    one = Pipeline([build_shard(chunks, vectors, embedder, settings)], embedder, settings)
+    two = Pipeline(shards, embedder, settings)
+    for query in ["ice", "bread", "moon", "USB-C adapter"]:
+        for level in ResultLevel:
+            a = one.search(query, "dense", top_k=6, level=level)
+            b = two.search(query, "dense", top_k=6, level=level)
+            assert [(h.chunk_id, h.score) for h in a] == [(h.chunk_id, h.score) for h in b]
+
+
+def test_index_published_as_version(index_dir):
+    directory = IndexDirectory(index_dir)
+    assert directory.versions() == [directory.current_version()]
