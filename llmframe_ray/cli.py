@@ -116,9 +116,10 @@ def eval_command(
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # without standalone mode, click returns an Exit's code instead of raising it
+        code = app(standalone_mode=False)
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
     except (LLMFrameError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -129,6 +130,7 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, Field, ValidationError, model_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from llmframe_ray.errors import ConfigError
@@ -109,13 +109,26 @@ class Settings(BaseSettings):
         "cross-encoder/ms-marco-MiniLM-L-6-v2", validation_alias=_env("RERANKER_MODEL")
     )
 
+    @field_validator("bm25_stemmer", "bm25_stopwords", mode="before")
+    @classmethod
+    def _none_word(cls, value: Any) -> Any:
+        """`none` or an empty value switches stemming / stop-word removal off."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "off"):
+            return None
+        return value
+
     @model_validator(mode="after")
     def _check_relations(self) -> Settings:
-        if self.chunk_overlap >= self.chunk_size // 2:
+        # The chunker's rule: two overlaps must fit in a chunk beside the special tokens.
+        special = 2 if self.embedding_provider is EmbeddingProvider.LOCAL else 0
+        if 2 * self.chunk_overlap >= self.chunk_size - special:
             raise ValueError(
-                f"CHUNK_OVERLAP ({self.chunk_overlap}) must be less than half of "
-                f"CHUNK_SIZE ({self.chunk_size})"
+                f"CHUNK_OVERLAP ({self.chunk_overlap}) must be less than half of CHUNK_SIZE "
+                f"({self.chunk_size}) minus {special} special tokens"
             )
+        from llmframe_ray.index.sparse import SparseParams
+
+        SparseParams.from_settings(self)  # unknown stemmer or stop-word list: fail now
         if self.embedding_provider is EmbeddingProvider.LOCAL and self.chunk_size > self.embedding_max_length:
             raise ValueError(
                 f"CHUNK_SIZE ({self.chunk_size}) exceeds the local embedder's limit "
@@ -141,13 +154,22 @@ class Settings(BaseSettings):
         return self.home / "indexes"
 
 
+def _env_names(field: str) -> list[str]:
+    info = Settings.model_fields[field]
+    alias = info.validation_alias
+    return list(alias.choices) if isinstance(alias, AliasChoices) else [f"{ENV_PREFIX}{field.upper()}"]
+
+
 def _setting_name(loc: tuple[Any, ...]) -> str:
+    """The environment variable the user set for the field at `loc` (else the prefixed name)."""
     if not loc:
         return "settings"
-    field = str(loc[0])
-    if field in Settings.model_fields:
-        return f"{ENV_PREFIX}{field.upper()}"
-    return field
+    key = str(loc[0])
+    for field in Settings.model_fields:
+        names = _env_names(field)
+        if key == field or key in names:
+            return next((n for n in names if n in os.environ), names[0])
+    return key
 
 
 def load_settings(**overrides: Any) -> Settings:

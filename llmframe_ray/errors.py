@@ -55,6 +55,6 @@ class ModelError(LLMFrameError):
 class MissingDependencyError(LLMFrameError, ImportError):
     """An optional dependency is needed for the feature that was asked for."""
 
-    def __init__(self, package: str, feature: str, extra: str | None = None) -> None:
-        fix = f"pip install 'llmframe-ray[{extra}]'" if extra else f"pip install {package}"
+    def __init__(self, package: str, feature: str, fix: str | None = None) -> None:
+        fix = fix if fix is not None else f"pip install {package}"
         super().__init__(f"{feature} needs the package {package!r}: {fix}")

@@ -74,6 +74,13 @@ def build_shard(chunks: Sequence[Chunk], embeddings: np.ndarray, embedder: Embed
     )
 
 
+def check_build_settings(settings: Settings, embedder: Embedder) -> Chunker:
+    """Validate every index parameter before any expensive work; return the chunker."""
+    DenseParams.from_settings(settings)
+    SparseParams.from_settings(settings)
+    return make_chunker(settings, embedder)
+
+
 def build_index(
     documents: Iterable[Document],
     index_dir: Path,
@@ -81,15 +88,22 @@ def build_index(
     embedder: Embedder,
     progress: Progress | None = None,
 ) -> str:
-    """Chunk, embed and index `documents` as one shard; publish it as a new version."""
-    chunks = chunk_documents(documents, make_chunker(settings, embedder))
+    """Chunk, embed and index `documents` as one shard; publish it as a new version.
+
+    Leftovers of an earlier build of the same directory that crashed are removed first: one
+    writer per index directory at a time.
+    """
+    chunker = check_build_settings(settings, embedder)
+    directory = IndexDirectory(index_dir)
+    directory.remove_incomplete()
+    chunks = chunk_documents(documents, chunker)
     if not chunks:
         raise ValueError("no text to index: every document was empty")
     if progress is not None:
         progress("chunk", len(chunks), len(chunks))
     embeddings = embed_chunks(chunks, embedder, progress)
     shard = build_shard(chunks, embeddings, embedder, settings)
-    return IndexDirectory(index_dir).publish([shard])
+    return directory.publish([shard])
 
 
 def stderr_progress() -> Progress:

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from llmframe_ray.config import Settings
-from llmframe_ray.errors import ModelError
+from llmframe_ray.errors import IndexLoadError, ModelError
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.embedder import Embedder, check_query_text
 from llmframe_ray.retrieve.candidates import Candidates, ChunkRef, merge_shard_results
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
-from llmframe_ray.types import Hit, SearchMode
+from llmframe_ray.types import Hit, SearchMode, parse_enum
 
 BM25 = SearchMode.BM25.value
 DENSE = SearchMode.DENSE.value
@@ -33,13 +33,7 @@ class ResultLevel(str, enum.Enum):
 
     @classmethod
     def from_str(cls, value: str | ResultLevel) -> ResultLevel:
-        if isinstance(value, ResultLevel):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            valid = ", ".join(m.value for m in cls)
-            raise ValueError(f"unknown result level {value!r}; valid levels: {valid}") from None
+        return parse_enum(cls, value, "result level")
 
 
 class Pipeline:
@@ -55,8 +49,13 @@ class Pipeline:
         self.settings = settings
         self.max_chunks_per_doc = max(s.manifest.max_chunks_per_doc for s in self.shards)
         self.total_chunks = sum(len(s) for s in self.shards)
+        self._weights = {BM25: settings.bm25_weight, DENSE: settings.dense_weight}
         if embedder is not None:
             _check_model(self.shards[0].manifest.model, embedder)
+        for shard in self.shards:  # search-time ANN settings come from the settings, not the build
+            shard.dense.set_search_params(
+                hnsw_ef_search=settings.hnsw_ef_search, ivf_nprobe=settings.ivf_nprobe
+            )
 
     @classmethod
     def open(cls, index_dir: Path, settings: Settings, embedder: Embedder | None) -> Pipeline:
@@ -92,6 +91,8 @@ class Pipeline:
         A query longer than the embedder's limit is an error unless `truncate` is set, in which
         case the embedder sees its first tokens only (BM25 always sees all of it).
         """
+        if isinstance(queries, str):
+            raise TypeError("search_batch takes a sequence of queries, not one string")
         mode = self.default_mode if mode is None else SearchMode.from_str(mode)
         level = ResultLevel.from_str(level)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -105,14 +106,23 @@ class Pipeline:
             return []
 
         depth = top_k if mode is not SearchMode.HYBRID else max(top_k, self.settings.fusion_depth)
-        chunk_k = depth if level is ResultLevel.CHUNK else depth * self.max_chunks_per_doc
-        chunk_k = min(chunk_k, self.total_chunks)
-
         per_ranker: dict[str, list[Candidates]] = {}
         if mode in (SearchMode.BM25, SearchMode.HYBRID):
-            per_ranker[BM25] = self._sparse_candidates(checked, chunk_k)
+            if len(self.shards) > 1:
+                raise IndexLoadError(
+                    "BM25 over several shards needs corpus-wide statistics, which this index "
+                    "format does not store yet; use mode 'dense' or a single-shard index"
+                )
+            per_ranker[BM25] = self._candidates(
+                BM25, lambda shard, rows, k: shard.search_sparse([checked[i] for i in rows], k),
+                len(checked), depth, level,
+            )
         if uses_dense:
-            per_ranker[DENSE] = self._dense_candidates(checked, chunk_k)
+            vectors = np.ascontiguousarray(self.embedder.embed(checked), dtype=np.float32)
+            per_ranker[DENSE] = self._candidates(
+                DENSE, lambda shard, rows, k: shard.search_dense(vectors[rows], k),
+                len(checked), depth, level,
+            )
 
         results = []
         for i in range(len(checked)):
@@ -121,32 +131,49 @@ class Pipeline:
         return results
 
     # stages
-    def _sparse_candidates(self, queries: list[str], k: int) -> list[Candidates]:
-        per_shard = [shard.search_sparse(queries, min(k, len(shard))) for shard in self.shards]
-        return [
-            merge_shard_results(BM25, [res[i] for res in per_shard], self._describe, k)
-            for i in range(len(queries))
-        ]
+    def _candidates(
+        self,
+        ranker: str,
+        search: Callable[[IndexShard, list[int], int], list[list[tuple[int, float]]]],
+        n_queries: int,
+        depth: int,
+        level: ResultLevel,
+    ) -> list[Candidates]:
+        """Each query's best chunks from every shard, merged, enough to rank `depth` items.
 
-    def _dense_candidates(self, queries: list[str], k: int) -> list[Candidates]:
-        vectors = np.ascontiguousarray(self.embedder.embed(queries), dtype=np.float32)
-        per_shard = [shard.search_dense(vectors, min(k, len(shard))) for shard in self.shards]
-        return [
-            merge_shard_results(DENSE, [res[i] for res in per_shard], self._describe, k)
-            for i in range(len(queries))
-        ]
+        At document level the number of chunks needed for `depth` distinct documents is not
+        known in advance: start at 2 x depth and double, for the queries still short of
+        `depth` documents, until they have them or the shards have nothing more to give.
+        """
+        out: list[Candidates | None] = [None] * n_queries
+        pending = list(range(n_queries))
+        k = depth if level is ResultLevel.CHUNK else 2 * depth
+        while pending:
+            k = min(k, self.total_chunks)
+            per_shard = [search(shard, pending, min(k, len(shard))) for shard in self.shards]
+            still_short = []
+            for j, i in enumerate(pending):
+                lists = [res[j] for res in per_shard]
+                merged = merge_shard_results(ranker, lists, self._doc_id, k)
+                exhausted = all(len(lst) < min(k, len(s)) for lst, s in zip(lists, self.shards))
+                enough = level is ResultLevel.CHUNK or merged.n_documents >= depth
+                if enough or exhausted or k >= self.total_chunks:
+                    out[i] = merged
+                else:
+                    still_short.append(i)
+            pending = still_short
+            k *= 2
+        return out
 
-    def _describe(self, shard: int, row: int) -> tuple[str, str]:
-        chunk = self.shards[shard].chunk(row)
-        return chunk.chunk_id, chunk.doc_id
+    def _doc_id(self, shard: int, row: int) -> str:
+        return self.shards[shard].doc_id(row)
 
     def _hits(
         self, candidates: list[Candidates], level: ResultLevel, depth: int, top_k: int
     ) -> list[Hit]:
         if level is ResultLevel.CHUNK:
             lists = [c.chunk_list(depth) for c in candidates]
-            refs = {ref.chunk_id: ref for c in candidates for ref in c.refs[:depth]}
-            best = refs
+            best = {ref.key: ref for c in candidates for ref in c.refs[:depth]}
         else:
             lists, best = [], {}
             for c in candidates:
@@ -164,9 +191,8 @@ class Pipeline:
                 for pos, (key, score) in enumerate(zip(only.keys[:top_k], only.scores[:top_k]))
             ]
         else:
-            weights = {BM25: self.settings.bm25_weight, DENSE: self.settings.dense_weight}
             fused = reciprocal_rank_fusion(
-                lists, k=self.settings.rrf_k, weights=weights, limit=top_k
+                lists, k=self.settings.rrf_k, weights=self._weights, limit=top_k
             )
             items = [(f.key, f.score, dict(f.ranks)) for f in fused]
         return [self._hit(best[key], score, rank, ranks) for rank, (key, score, ranks) in enumerate(items, 1)]
@@ -175,8 +201,10 @@ class Pipeline:
         self, candidates: list[Candidates], fallback: dict[str, ChunkRef]
     ) -> dict[str, ChunkRef]:
         """Each document's chunk that ranks highest when the chunk lists are fused."""
-        refs = {ref.chunk_id: ref for c in candidates for ref in c.refs}
-        fused = reciprocal_rank_fusion([c.chunk_list() for c in candidates], k=self.settings.rrf_k)
+        refs = {ref.key: ref for c in candidates for ref in c.refs}
+        fused = reciprocal_rank_fusion(
+            [c.chunk_list() for c in candidates], k=self.settings.rrf_k, weights=self._weights
+        )
         best: dict[str, ChunkRef] = {}
         for item in fused:
             ref = refs[item.key]
@@ -198,7 +226,8 @@ class Pipeline:
 
 def _check_model(model: dict, embedder: Embedder) -> None:
     name, dim = model.get("name"), model.get("dim")
-    if name != embedder.name or dim != embedder.dim:
+    # a hosted model's dimension may be unknown (0) until its first call
+    if name != embedder.name or (embedder.dim and dim != embedder.dim):
         raise ModelError(
             f"the index was built with embedding model {name!r} (dim {dim}), but the loaded "
             f"embedder is {embedder.name!r} (dim {embedder.dim}); rebuild the index or change "

@@ -5,11 +5,24 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, TypeVar
+
+E = TypeVar("E", bound=enum.Enum)
 
 
 def _frozen_mapping(value: Mapping[str, object] | None) -> Mapping[str, object]:
     return MappingProxyType(dict(value or {}))
+
+
+def parse_enum(cls: type[E], value: object, what: str) -> E:
+    """`value` as a member of the string Enum `cls`; a bad value names the valid ones."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).strip().lower())
+    except ValueError:
+        valid = ", ".join(str(m.value) for m in cls)
+        raise ValueError(f"unknown {what} {value!r}; valid {what}s: {valid}") from None
 
 
 class SearchMode(str, enum.Enum):
@@ -21,13 +34,7 @@ class SearchMode(str, enum.Enum):
 
     @classmethod
     def from_str(cls, value: str | SearchMode) -> SearchMode:
-        if isinstance(value, SearchMode):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            valid = ", ".join(m.value for m in cls)
-            raise ValueError(f"unknown search mode {value!r}; valid modes: {valid}") from None
+        return parse_enum(cls, value, "search mode")
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ class Document:
     text: str
     title: str = ""
     source: str = ""
-    metadata: Mapping[str, object] = field(default_factory=dict)
+    metadata: Mapping[str, object] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metadata", _frozen_mapping(self.metadata))
@@ -103,7 +110,7 @@ class Hit:
     score: float
     rank: int
     title: str = ""
-    ranks: Mapping[str, int] = field(default_factory=dict)
+    ranks: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", _frozen_mapping(self.ranks))

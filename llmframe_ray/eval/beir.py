@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import csv
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
 
-from llmframe_ray.errors import DatasetError
+from llmframe_ray.errors import DatasetError, DocumentReadError
+from llmframe_ray.index.manifest import describe_file
+from llmframe_ray.ingest.readers import read_jsonl
 from llmframe_ray.types import Document
 
 REQUIRED = ("corpus.jsonl", "queries.jsonl")
@@ -42,20 +42,11 @@ def _check_files(root: Path, split: str) -> Path:
     return qrels_path
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"{path} line {lineno}: invalid JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or "_id" not in record:
-                raise DatasetError(f"{path} line {lineno}: a record needs an \"_id\" field")
-            records.append(record)
-    return records
+def _read_records(path: Path) -> list[Document]:
+    try:
+        return list(read_jsonl(path))
+    except DocumentReadError as exc:
+        raise DatasetError(str(exc)) from None
 
 
 def read_qrels(path: Path) -> dict[str, dict[str, int]]:
@@ -75,29 +66,15 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
     """Load a BEIR folder; queries are those of `split` that have at least one judgment."""
     root = Path(path)
     qrels_path = _check_files(root, split)
-    corpus = tuple(
-        Document(
-            doc_id=str(r["_id"]),
-            title=str(r.get("title") or ""),
-            text=str(r.get("text") or ""),
-            source=str(root / "corpus.jsonl"),
-        )
-        for r in _read_jsonl(root / "corpus.jsonl")
-    )
+    corpus = tuple(_read_records(root / "corpus.jsonl"))
     qrels = read_qrels(qrels_path)
-    all_queries = {str(r["_id"]): str(r.get("text") or "") for r in _read_jsonl(root / "queries.jsonl")}
+    if not qrels:
+        raise DatasetError(f"{qrels_path} holds no judgments")
+    all_queries = {q.doc_id: q.text for q in _read_records(root / "queries.jsonl")}
     unknown = sorted(set(qrels) - set(all_queries))
     if unknown:
         raise DatasetError(f"{qrels_path} judges queries missing from queries.jsonl: {unknown[:5]}")
@@ -109,5 +86,5 @@ def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
         corpus=corpus,
         queries=MappingProxyType(queries),
         qrels=MappingProxyType({q: MappingProxyType(d) for q, d in qrels.items()}),
-        corpus_sha256=file_sha256(root / "corpus.jsonl"),
+        corpus_sha256=describe_file(root / "corpus.jsonl")["sha256"],
     )

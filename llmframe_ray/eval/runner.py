@@ -71,8 +71,11 @@ def cached_index(
 def run_mode(
     pipeline: Pipeline, dataset: BeirDataset, mode: SearchMode, depth: int = RUN_DEPTH
 ) -> dict[str, list[tuple[str, float]]]:
-    """Top-`depth` documents for every judged query of the dataset, in query order."""
-    qids = list(dataset.queries)
+    """Top-`depth` documents for every judged query of the dataset, in query order.
+
+    A query whose text is blank gets no line in the run, so it scores zero.
+    """
+    qids = [qid for qid, text in dataset.queries.items() if text.strip()]
     results: dict[str, list[tuple[str, float]]] = {}
     for start in range(0, len(qids), QUERY_BATCH):
         batch = qids[start : start + QUERY_BATCH]

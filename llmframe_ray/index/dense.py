@@ -21,6 +21,7 @@ import faiss
 import numpy as np
 
 from llmframe_ray.config import DenseIndexKind
+from llmframe_ray.types import parse_enum
 from llmframe_ray.index import atomic
 
 
@@ -45,15 +46,7 @@ class DenseParams:
     ivf_nprobe: int = 16
 
     def __post_init__(self) -> None:
-        if not isinstance(self.kind, DenseIndexKind):
-            try:
-                kind = DenseIndexKind(str(self.kind).strip().lower())
-            except ValueError:
-                valid = ", ".join(k.value for k in DenseIndexKind)
-                raise ValueError(
-                    f"unknown dense index kind {self.kind!r}; valid kinds: {valid}"
-                ) from None
-            object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "kind", parse_enum(DenseIndexKind, self.kind, "dense index kind"))
         for name in ("hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nprobe"):
             _positive_int(name, getattr(self, name))
         if self.ivf_nlist is not None:
@@ -143,6 +136,19 @@ class DenseIndex:
 
     def __len__(self) -> int:
         return int(self._index.ntotal)
+
+    def set_search_params(self, *, hnsw_ef_search: int | None = None, ivf_nprobe: int | None = None) -> None:
+        """Change search-time settings of a built or loaded index (no effect on flat)."""
+        changes: dict[str, int] = {}
+        if hnsw_ef_search is not None:
+            _positive_int("hnsw_ef_search", hnsw_ef_search)
+            changes["hnsw_ef_search"] = hnsw_ef_search
+        if ivf_nprobe is not None:
+            _positive_int("ivf_nprobe", ivf_nprobe)
+            changes["ivf_nprobe"] = ivf_nprobe
+        if changes:
+            self.params = replace(self.params, **changes)
+            self._apply_search_params()
 
     def _apply_search_params(self) -> None:
         if self.params.kind is DenseIndexKind.HNSW:

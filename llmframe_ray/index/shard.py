@@ -104,9 +104,15 @@ class IndexShard:
         """Index `chunks`; `embeddings[i]` is the vector of `chunks[i]`.
 
         `model` describes the embedder: name, provider, dim, max_length. BM25 indexes each
-        chunk's `indexed_text` (title and text).
+        chunk's `indexed_text` (title and text). Rows are stored in (doc_id, position) order
+        whatever the input order, so "lower row first" breaks ties the same way in any shard
+        layout, and a document's chunks sit next to each other.
         """
         _check_inputs(chunks, embeddings, model)
+        order = sorted(range(len(chunks)), key=lambda i: (chunks[i].doc_id, chunks[i].position))
+        if order != list(range(len(chunks))):
+            chunks = [chunks[i] for i in order]
+            embeddings = np.ascontiguousarray(np.asarray(embeddings)[order])
         dense_index = DenseIndex.build(embeddings, dense)
         sparse_index = SparseIndex.build([c.indexed_text for c in chunks], sparse)
         store = ChunkStore.from_chunks(chunks)

@@ -8,8 +8,10 @@
 
 `publish` writes a new version under a temporary name, renames it into place, and only then
 switches CURRENT atomically. A crash at any point leaves CURRENT naming the previous version,
-which is untouched; what the crash leaves behind has a temporary name, is ignored by `load` and
-is deleted by `remove_incomplete`.
+which is untouched. A crash before the rename leaves a temporary name, ignored by `load` and
+deleted by `remove_incomplete`; a crash between the rename and the CURRENT switch leaves a
+complete version that is listed by `versions()` but not served (publishing again serves a newer
+one; retention of old versions is the ingestion job's concern).
 """
 
 from __future__ import annotations

@@ -239,8 +239,13 @@ class Chunker:
         return pieces
 
     def _pack(self, units: list[_Unit], budget: int) -> list[tuple[int, int]]:
-        """Greedy packing into [first, last) unit ranges, with overlap carried over."""
+        """Greedy packing into [first, last) unit ranges, with overlap carried over.
+
+        The carried overlap is capped at half the budget: a long title can shrink the budget so
+        far that a full `overlap` would leave each new chunk only a unit or two of new text.
+        """
         spans: list[tuple[int, int]] = []
+        overlap = min(self.overlap, budget // 2)
         n = len(units)
         first = nxt = 0
         while nxt < n:
@@ -255,7 +260,7 @@ class Chunker:
                 nxt += 1
             spans.append((first, nxt))
             tail, carried = nxt, 0
-            while tail - 1 > first and carried + units[tail - 1].tokens <= self.overlap:
+            while tail - 1 > first and carried + units[tail - 1].tokens <= overlap:
                 tail -= 1
                 carried += units[tail].tokens
             first = tail

@@ -6,7 +6,6 @@ middle step. Vectors are float32 and L2-normalised, so inner product is cosine s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -228,10 +227,10 @@ def local_model_dir(models_dir: Path) -> Path:
 
 def ensure_local_model(models_dir: Path) -> Path:
     """Export the bundled MiniLM to ONNX under `models_dir` once; return the folder."""
-    from llmframe_ray.models.export import bundled_minilm_path, export_encoder
+    from llmframe_ray.models.export import bundled_minilm_path, export_encoder, is_complete
 
     target = local_model_dir(models_dir)
-    if (target / "model.onnx").is_file() and (target / "tokenizer.json").is_file():
+    if is_complete(target):
         return target
     return export_encoder(bundled_minilm_path(), target)
 
@@ -254,9 +253,3 @@ def load_embedder(settings) -> Embedder:
         batch_size=settings.embedding_batch_size,
         threads=settings.threads,
     )
-
-
-def model_card(model_dir: Path) -> dict[str, object]:
-    """The export record written next to an exported model (empty if absent)."""
-    path = Path(model_dir) / "export.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

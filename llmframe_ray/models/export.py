@@ -39,7 +39,10 @@ def export_encoder(source_dir: Path, target_dir: Path) -> Path:
         import torch
         from transformers import AutoModel
     except ImportError as exc:
-        raise MissingDependencyError("torch", "exporting the embedding model to ONNX") from exc
+        raise MissingDependencyError(
+            exc.name or "torch", "exporting the embedding model to ONNX",
+            fix='pip install "torch==2.13.0" transformers',
+        ) from exc
 
     source_dir = Path(source_dir)
     for name in EXPORT_FILES:
@@ -101,11 +104,23 @@ def export_encoder(source_dir: Path, target_dir: Path) -> Path:
         for path in tmp.iterdir():
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
-        if target_dir.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-            return target_dir  # another process finished the same export first
-        os.rename(tmp, target_dir)
+        try:
+            os.rename(tmp, target_dir)
+        except OSError:
+            if not is_complete(target_dir):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+            return target_dir
+        fd = os.open(target_dir.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target_dir
+
+
+def is_complete(model_dir: Path) -> bool:
+    return all((model_dir / name).is_file() for name in ("model.onnx", *EXPORT_FILES))

@@ -11,14 +11,21 @@ from typing import Callable, Sequence
 from llmframe_ray.types import RankedList
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class ChunkRef:
-    """A chunk addressed by (shard, row); `chunk_id` is its global, stable name."""
+    """A chunk addressed by (shard, row), with its document id.
+
+    The chunk's text and stable id are read from the store only for the hits that are returned,
+    never for every candidate.
+    """
 
     shard: int
     row: int
-    chunk_id: str
     doc_id: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.shard}:{self.row}"
 
 
 @dataclass(frozen=True)
@@ -29,9 +36,13 @@ class Candidates:
     refs: tuple[ChunkRef, ...]
     scores: tuple[float, ...]
 
+    @property
+    def n_documents(self) -> int:
+        return len({ref.doc_id for ref in self.refs})
+
     def chunk_list(self, limit: int | None = None) -> RankedList:
         refs, scores = self.refs[:limit], self.scores[:limit]
-        return RankedList(self.ranker, tuple(r.chunk_id for r in refs), scores)
+        return RankedList(self.ranker, tuple(r.key for r in refs), scores)
 
     def document_list(self, limit: int | None = None) -> tuple[RankedList, dict[str, ChunkRef]]:
         """Documents ranked by their best chunk; also each document's best chunk."""
@@ -52,19 +63,20 @@ class Candidates:
 def merge_shard_results(
     ranker: str,
     per_shard: Sequence[Sequence[tuple[int, float]]],
-    describe: Callable[[int, int], tuple[str, str]],
+    doc_id: Callable[[int, int], str],
     limit: int,
 ) -> Candidates:
     """Merge each shard's (row, score) list into one list, best first.
 
-    `describe(shard, row)` returns (chunk_id, doc_id). Equal scores are ordered by chunk id so
-    that the result does not depend on how the corpus was split into shards.
+    `doc_id(shard, row)` names a row's document. Equal scores are ordered by document id, then
+    row, so documents tie the same way however the corpus is split into shards (all chunks of a
+    document live in one shard).
     """
-    scored: list[tuple[ChunkRef, float]] = []
-    for shard, results in enumerate(per_shard):
-        for row, score in results:
-            chunk_id, doc_id = describe(shard, row)
-            scored.append((ChunkRef(shard, row, chunk_id, doc_id), float(score)))
-    scored.sort(key=lambda pair: (-pair[1], pair[0].chunk_id))
+    scored = [
+        (ChunkRef(shard, row, doc_id(shard, row)), float(score))
+        for shard, results in enumerate(per_shard)
+        for row, score in results
+    ]
+    scored.sort(key=lambda pair: (-pair[1], pair[0].doc_id, pair[0].row, pair[0].shard))
     scored = scored[:limit]
     return Candidates(ranker, tuple(p[0] for p in scored), tuple(p[1] for p in scored))

@@ -22,7 +22,7 @@ DEFAULT_K = 60
 class FusedItem:
     key: str
     score: float
-    ranks: Mapping[str, int] = field(default_factory=dict)
+    ranks: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", MappingProxyType(dict(self.ranks)))

@@ -293,3 +293,13 @@ def test_hf_chunk_counts_match_the_tokenizer(minilm_tokenizer):
     for c in chunks:
         assert text[c.start : c.end] == c.text
         assert len(reference.encode(c.indexed_text).ids) == c.n_tokens <= 48
+
+
+def test_overlap_is_capped_when_a_long_title_shrinks_the_budget():
+    chunker = Chunker(WhitespaceTokenCounter(), chunk_size=40, overlap=18, special_tokens=0)
+    doc = Document("x", " ".join(f"w{i}" for i in range(300)), title=" ".join(["t"] * 25))
+    chunks = chunker.chunk(doc)
+    # title takes 26 tokens (with its newline word boundary) -> budget falls to 40 // 2 = 20;
+    # overlap is capped at 10, so after the first 20 words each chunk adds 10 new words.
+    assert len(chunks) == 1 + (300 - 20) // 10
+    assert all(len(c.text.split()) == 20 for c in chunks)

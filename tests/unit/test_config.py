@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from llmframe_ray.config import DenseIndexKind, EmbeddingProvider, load_settings
@@ -9,9 +11,9 @@ SEED_VARS = ("HYBRID_SEARCH_ENABLED", "RERANKER_ENABLED", "EMBEDDING_PROVIDER", 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in SEED_VARS + ("OPENAI_API_KEY",):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(f"LLMFRAME_{name}", raising=False)
+    for name in list(os.environ):
+        if name.startswith("LLMFRAME_") or name in SEED_VARS + ("OPENAI_API_KEY",):
+            monkeypatch.delenv(name)
 
 
 def test_defaults():
@@ -38,28 +40,56 @@ def test_prefixed_name_wins(monkeypatch):
     assert load_settings().chunk_size == 200
 
 
-def test_bad_value_names_the_setting(monkeypatch):
+def test_bad_value_names_the_variable_that_was_set(monkeypatch):
     monkeypatch.setenv("CHUNK_SIZE", "lots")
     with pytest.raises(ConfigError) as err:
         load_settings()
-    assert "LLMFRAME_CHUNK_SIZE" in str(err.value) and "'lots'" in str(err.value)
+    assert str(err.value) == (
+        "invalid configuration: CHUNK_SIZE: Input should be a valid integer, unable to parse "
+        "string as an integer (got 'lots')"
+    )
+    monkeypatch.setenv("LLMFRAME_RRF_K", "-1")
+    with pytest.raises(ConfigError, match=r"LLMFRAME_RRF_K: Input should be greater than or equal to 0"):
+        load_settings()
+
+
+def test_unknown_stemmer_fails_at_start(monkeypatch):
+    monkeypatch.setenv("LLMFRAME_BM25_STEMMER", "englsh")
+    with pytest.raises(ConfigError, match="unknown stemmer 'englsh'; valid stemmers: "):
+        load_settings()
+    monkeypatch.setenv("LLMFRAME_BM25_STEMMER", "none")
+    monkeypatch.setenv("LLMFRAME_BM25_STOPWORDS", "")
+    s = load_settings()
+    assert s.bm25_stemmer is None and s.bm25_stopwords is None
 
 
 def test_bad_enum_lists_choices(monkeypatch):
     monkeypatch.setenv("EMBEDDING_PROVIDER", "cohere")
     with pytest.raises(ConfigError) as err:
         load_settings()
-    assert "LLMFRAME_EMBEDDING_PROVIDER" in str(err.value)
-    assert "'local'" in str(err.value) and "'openai'" in str(err.value)
+    assert str(err.value) == (
+        "invalid configuration: EMBEDDING_PROVIDER: Input should be 'local' or 'openai' (got 'cohere')"
+    )
 
 
 def test_relations_are_checked(monkeypatch):
-    monkeypatch.setenv("CHUNK_OVERLAP", "200")
+    monkeypatch.setenv("CHUNK_OVERLAP", "127")
     with pytest.raises(ConfigError) as err:
         load_settings()
     assert str(err.value) == (
-        "invalid configuration: CHUNK_OVERLAP (200) must be less than half of CHUNK_SIZE (256)"
+        "invalid configuration: CHUNK_OVERLAP (127) must be less than half of CHUNK_SIZE (256) "
+        "minus 2 special tokens"
     )
+    monkeypatch.setenv("CHUNK_OVERLAP", "126")
+    assert load_settings().chunk_overlap == 126
+
+
+def test_every_accepted_chunking_builds_a_chunker(monkeypatch):
+    from llmframe_ray.ingest.chunker import Chunker, WhitespaceTokenCounter
+
+    for size, overlap in [(16, 6), (256, 126), (64, 0)]:
+        s = load_settings(chunk_size=size, chunk_overlap=overlap)
+        Chunker(WhitespaceTokenCounter(), s.chunk_size, s.chunk_overlap, 2)
 
 
 def test_chunk_size_over_model_limit(monkeypatch):
@@ -82,4 +112,4 @@ def test_search_mode_from_str():
     assert SearchMode.from_str(" Hybrid ") is SearchMode.HYBRID
     with pytest.raises(ValueError) as err:
         SearchMode.from_str("semantic")
-    assert str(err.value) == "unknown search mode 'semantic'; valid modes: bm25, dense, hybrid"
+    assert str(err.value) == "unknown search mode 'semantic'; valid search modes: bm25, dense, hybrid"

@@ -57,8 +57,19 @@ def test_malformed_corpus_line(tmp_path):
     root = make_beir(tmp_path / "tiny")
     with open(root / "corpus.jsonl", "a") as fh:
         fh.write("{not json\n")
-    with pytest.raises(DatasetError, match=r"corpus\.jsonl line 4: invalid JSON"):
+    with pytest.raises(DatasetError) as err:
         load_beir(root)
+    assert str(err.value) == (
+        f"cannot read {root / 'corpus.jsonl'}: line 4: invalid JSON "
+        "(Expecting property name enclosed in double quotes at column 2)"
+    )
+
+
+def test_empty_qrels(tmp_path):
+    root = make_beir(tmp_path / "tiny", qrels_lines=())
+    with pytest.raises(DatasetError) as err:
+        load_beir(root)
+    assert str(err.value) == f"{root / 'qrels' / 'test.tsv'} holds no judgments"
 
 
 def test_run_file_format_and_scores(tmp_path):
@@ -66,16 +77,25 @@ def test_run_file_format_and_scores(tmp_path):
     run = {"q1": [("d2", 0.9), ("d1", 0.5)], "q2": [("d3", 3.0), ("d2", 2.0), ("d1", 1.0)]}
     path = write_run(tmp_path / "runs" / "x.trec", run, tag="test-run")
     assert path.read_text().splitlines() == [
-        "q1 Q0 d2 1 0.900000 test-run",
-        "q1 Q0 d1 2 0.500000 test-run",
-        "q2 Q0 d3 1 3.000000 test-run",
-        "q2 Q0 d2 2 2.000000 test-run",
-        "q2 Q0 d1 3 1.000000 test-run",
+        "q1 Q0 d2 1 0.9 test-run",
+        "q1 Q0 d1 2 0.5 test-run",
+        "q2 Q0 d3 1 3 test-run",
+        "q2 Q0 d2 2 2 test-run",
+        "q2 Q0 d1 3 1 test-run",
     ]
     scores = score_run(path, qrels)
     # q1: single relevant doc at rank 2 -> 1/log2(3); q2: ideal order -> 1.0
     assert scores["nDCG@10"] == pytest.approx((1 / math.log2(3) + 1.0) / 2, abs=1e-9)
     assert scores["Recall@100"] == 1.0
+
+
+def test_tied_scores_are_written_strictly_decreasing(tmp_path):
+    # our order puts "z" before "a" at equal score; a scorer that sorts by score must agree
+    path = write_run(tmp_path / "x.trec", {"q1": [("z", 0.5), ("a", 0.5), ("m", 0.25)]}, tag="t")
+    scores = [float(line.split()[4]) for line in path.read_text().splitlines()]
+    assert scores[0] == 0.5 and scores[0] > scores[1] > scores[2] == 0.25
+    assert scores[1] == pytest.approx(0.5, rel=1e-9)
+    assert score_run(path, {"q1": {"z": 1}}) == {"nDCG@10": 1.0, "Recall@100": 1.0}
 
 
 def test_query_missing_from_run_counts_as_zero(tmp_path):

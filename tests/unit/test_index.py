@@ -91,11 +91,28 @@ def test_search_dense_and_sparse_return_rows_and_scores():
     assert [[row for row, _ in hits] for hits in dense][0][0] == 2
     assert dense[1][0][0] == 5 and dense[1][0][1] == pytest.approx(1.0, abs=1e-6)
     sparse = shard.search_sparse(["turbines", "the of"], 10)
-    # Both wind chunks hold "turbines" once; the shorter one (row 2) scores higher.
-    assert [row for row, _ in sparse[0]] == [2, 4]
+    # Rows follow (doc_id, position): the wind chunks (inputs 2 and 4) are rows 2 and 3.
+    # Both hold "turbines" once; the shorter one (row 2) scores higher.
+    assert [row for row, _ in sparse[0]] == [2, 3]
     assert sparse[1] == []
-    assert shard.chunk(3).text.endswith("ünïcode.") and shard.doc_id(4) == "doc-2"
+    assert shard.chunk(4).text.endswith("ünïcode.") and shard.doc_id(3) == "doc-2"
     assert len(shard) == 6
+
+
+def test_rows_are_stored_in_doc_id_then_position_order():
+    chunks = make_chunks()
+    vectors = make_vectors(len(chunks))
+    order = [5, 3, 1, 4, 0, 2]
+    shard = IndexShard.build(
+        [chunks[i] for i in order], vectors[order],
+        dense=DenseParams(), sparse=SparseParams(), model=MODEL, chunking=CHUNKING,
+    )
+    expected = sorted(chunks, key=lambda c: (c.doc_id, c.position))
+    assert [shard.chunk(row) for row in range(len(shard))] == expected
+    # each row's vector moved with its chunk: searching a chunk's own vector finds its row
+    for i, chunk in enumerate(chunks):
+        (row, score), *_ = shard.search_dense(vectors[[i]], 1)[0]
+        assert shard.chunk(row).chunk_id == chunk.chunk_id and score == pytest.approx(1.0, abs=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])

@@ -130,7 +130,7 @@ def test_search_rejects_bad_queries(vectors):
 
 
 def test_params_validation_and_settings():
-    bad_kind = "unknown dense index kind 'annoy'; valid kinds: flat, hnsw, ivf"
+    bad_kind = "unknown dense index kind 'annoy'; valid dense index kinds: flat, hnsw, ivf"
     with pytest.raises(ValueError, match=bad_kind):
         DenseParams(kind="annoy")
     with pytest.raises(ValueError, match="hnsw_m must be a positive integer, got 0"):

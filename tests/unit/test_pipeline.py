@@ -136,10 +136,10 @@ def test_query_over_model_limit(pipeline):
 def test_unknown_mode_and_level_and_top_k(pipeline):
     with pytest.raises(ValueError) as err:
         pipeline.search("lava", "semantic")
-    assert str(err.value) == "unknown search mode 'semantic'; valid modes: bm25, dense, hybrid"
+    assert str(err.value) == "unknown search mode 'semantic'; valid search modes: bm25, dense, hybrid"
     with pytest.raises(ValueError) as err:
         pipeline.search("lava", "bm25", level="page")
-    assert str(err.value) == "unknown result level 'page'; valid levels: chunk, document"
+    assert str(err.value) == "unknown result level 'page'; valid result levels: chunk, document"
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match="top_k must be a positive integer"):
             pipeline.search("lava", "bm25", top_k=bad)
@@ -181,3 +181,21 @@ def test_two_shards_rank_like_one_for_dense(tmp_path, settings, embedder):
 def test_index_published_as_version(index_dir):
     directory = IndexDirectory(index_dir)
     assert directory.versions() == [directory.current_version()]
+
+
+def test_document_ranking_equals_brute_force(pipeline, embedder):
+    """Best chunk per document over the whole shard, computed with numpy, for every document
+    (the long document's many chunks make the pipeline widen its chunk fetch)."""
+    query = "glaciers and ice sheets flowing"
+    shard = pipeline.shards[0]
+    chunks = [shard.chunk(row) for row in range(len(shard))]
+    scores = embedder.embed([c.indexed_text for c in chunks]) @ embedder.embed([query])[0]
+    best: dict[str, float] = {}
+    for chunk, score in zip(chunks, scores.tolist()):
+        best[chunk.doc_id] = max(best.get(chunk.doc_id, float("-inf")), score)
+    expected = sorted(best, key=lambda d: (-best[d], d))
+    hits = pipeline.search(query, SearchMode.DENSE, top_k=len(DOCS))
+    assert [h.doc_id for h in hits] == expected
+    assert [h.score for h in hits] == pytest.approx([best[d] for d in expected], abs=1e-5)
+    # the top 2 x top_k chunks hold fewer than top_k documents: the fetch had to widen
+    assert sum(c.doc_id == "long" for c in chunks) > len(DOCS) + 1

@@ -1,0 +1,40 @@
+"""Retrieval quality on the real SciFact test collection (BEIR layout, ../shared/eval/scifact).
+
+The index is built on first use (several minutes on 2 cores) and cached under LLMFRAME_HOME.
+Scores are read back from the written TREC run files by ir-measures. Floors sit a little below
+the figures the project reports (README), so a regression fails the test.
+"""
+
+import pytest
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.eval.beir import load_beir
+from llmframe_ray.eval.runner import cached_index, evaluate
+from llmframe_ray.eval.trec import score_run
+from llmframe_ray.pipeline import Pipeline
+from llmframe_ray.types import SearchMode
+from tests.conftest import SHARED_EVAL
+
+SCIFACT = SHARED_EVAL / "scifact"
+FLOORS = {
+    "bm25": {"nDCG@10": 0.665},
+    "dense": {"nDCG@10": 0.625},
+    "hybrid": {"nDCG@10": 0.695, "Recall@100": 0.925},
+}
+
+
+@pytest.mark.quality
+def test_scifact_floors(tmp_path, embedder):
+    if not SCIFACT.is_dir():
+        pytest.fail(f"{SCIFACT} is missing: the quality test needs ../shared/eval beside the checkout")
+    settings = load_settings()
+    dataset = load_beir(SCIFACT)
+    assert len(dataset.queries) == 300 and len(dataset.corpus) == 5183
+    pipeline = Pipeline.open(cached_index(dataset, settings, embedder), settings, embedder)
+    reports = evaluate(pipeline, dataset, list(SearchMode), runs_dir=tmp_path)
+    for report in reports:
+        lines = (tmp_path / f"{report.mode}.trec").read_text().splitlines()
+        assert len({line.split()[0] for line in lines}) == 300
+        assert report.metrics == score_run(report.run_path, dataset.qrels)
+        for metric, floor in FLOORS[report.mode].items():
+            assert report.metrics[metric] >= floor, (report.mode, metric, report.metrics)
