@@ -96,10 +96,12 @@ class Settings(BaseSettings):
     hybrid_search_enabled: bool = Field(
         True, validation_alias=_env("HYBRID_SEARCH_ENABLED", "HYBRID_SEARCH_ENABLED")
     )
-    rrf_k: int = Field(60, ge=0, validation_alias=_env("RRF_K"))
+    # Hybrid defaults chosen on SciFact *train* judgments (benchmarks/fusion_sweep.py);
+    # RRF itself (retrieve/fusion.py) keeps the classic k = 60 as its default.
+    rrf_k: int = Field(20, ge=0, validation_alias=_env("RRF_K"))
     bm25_weight: float = Field(1.0, ge=0, validation_alias=_env("BM25_WEIGHT"))
     dense_weight: float = Field(1.0, ge=0, validation_alias=_env("DENSE_WEIGHT"))
-    fusion_depth: int = Field(100, ge=1, le=10000, validation_alias=_env("FUSION_DEPTH"))
+    fusion_depth: int = Field(200, ge=1, le=10000, validation_alias=_env("FUSION_DEPTH"))
 
     # Reranking (the cross-encoder stage; see README for its state)
     reranker_enabled: bool = Field(

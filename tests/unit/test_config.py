@@ -18,7 +18,7 @@ def clean_env(monkeypatch):
 
 def test_defaults():
     s = load_settings()
-    assert (s.chunk_size, s.chunk_overlap, s.rrf_k) == (256, 32, 60)
+    assert (s.chunk_size, s.chunk_overlap, s.rrf_k, s.fusion_depth) == (256, 32, 20, 200)
     assert s.hybrid_search_enabled is True and s.reranker_enabled is False
     assert s.embedding_provider is EmbeddingProvider.LOCAL
     assert s.dense_index is DenseIndexKind.FLAT
