@@ -120,6 +120,9 @@ class DenseIndex:
         if params.kind is DenseIndexKind.FLAT:
             index = faiss.IndexFlatIP(dim)
         elif params.kind is DenseIndexKind.HNSW:
+            # FAISS inserts HNSW nodes from several OpenMP threads, so two builds of the same
+            # vectors may link the graph differently: approximate results are not bit-for-bit
+            # reproducible across builds (flat and IVF are).
             index = faiss.IndexHNSWFlat(dim, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = params.hnsw_ef_construction
         else:
