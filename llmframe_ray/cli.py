@@ -92,26 +92,65 @@ def search(
 @app.command("eval")
 def eval_command(
     dataset: Path = typer.Option(..., "--dataset", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."),
-    mode: List[str] = typer.Option(["bm25", "dense", "hybrid"], "--mode", help="Repeat for several modes."),
+    mode: List[str] = typer.Option(["bm25", "dense", "hybrid"], "--mode", help="bm25, dense, hybrid or rerank; repeat for several."),
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Write <mode>.trec run files here."),
     split: str = typer.Option("test", "--split"),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="Model folder or hub repo id (default: LLMFRAME_RERANKER_MODEL)."),
+    rerank_depth: Optional[int] = typer.Option(None, "--rerank-depth", min=1, max=1000, help="Hybrid candidates rescored (default 50)."),
+    precision: Optional[str] = typer.Option(None, "--reranker-precision", help="fp32 or int8 (default: LLMFRAME_RERANKER_PRECISION)."),
 ) -> None:
     """Score retrieval modes (nDCG@10, Recall@100) on the judged queries of a BEIR collection."""
+    from llmframe_ray.config import load_settings
     from llmframe_ray.eval.beir import load_beir
-    from llmframe_ray.eval.runner import cached_index, evaluate, format_table
+    from llmframe_ray.eval.runner import EvalMode, cached_index, check_reranker_data, evaluate, format_table
     from llmframe_ray.indexing import stderr_progress
     from llmframe_ray.models.embedder import load_embedder
+    from llmframe_ray.models.sources import load_reranker
     from llmframe_ray.pipeline import Pipeline
-    from llmframe_ray.types import SearchMode
 
-    modes = [SearchMode.from_str(m) for m in mode]
-    settings = _settings()
+    modes = [EvalMode.from_str(m) for m in mode]
+    overrides = {} if rerank_depth is None else {"reranker_depth": rerank_depth}
+    settings = load_settings(**overrides)
     data = load_beir(dataset, split)
+    encoder = None
+    if EvalMode.RERANK in modes:
+        encoder = load_reranker(settings, reranker, precision)
+        check_reranker_data(encoder.card, data)
     embedder = load_embedder(settings)
     root = cached_index(data, settings, embedder, stderr_progress())
-    pipeline = Pipeline.open(root, settings, embedder)
+    pipeline = Pipeline.open(root, settings, embedder, encoder)
     reports = evaluate(pipeline, data, modes, runs_dir)
     typer.echo(format_table(data, reports))
+    if encoder is not None:
+        typer.echo(f"reranker: {encoder.model_dir} ({encoder.precision.value}, depth "
+                   f"{settings.reranker_depth}, max length {encoder.max_length})")
+
+
+@app.command("train-reranker")
+def train_reranker_command(
+    dataset: Path = typer.Option(..., "--dataset", help="BEIR folder with qrels/<split>.tsv."),
+    split: str = typer.Option("train", "--split", help="Judgments to train on (never test)."),
+    out: Path = typer.Option(..., "--out", help="Model folder to write."),
+    epochs: int = typer.Option(1, "--epochs", min=1),
+    seed: int = typer.Option(13, "--seed"),
+    negatives: int = typer.Option(4, "--negatives", min=1, help="Hard negatives per positive."),
+    max_length: int = typer.Option(256, "--max-length", min=16, max=512),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps."),
+) -> None:
+    """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
+    from llmframe_ray.train.reranker import TrainConfig
+    from llmframe_ray.train.run import train_reranker
+
+    settings = _settings()
+    config = TrainConfig(
+        epochs=epochs, seed=seed, negatives=negatives, max_length=max_length,
+        threads=settings.threads, max_steps=max_steps,
+    )
+    card = train_reranker(dataset, split, out, config, settings, lambda line: typer.echo(line, err=True))
+    typer.echo(f"wrote {out}: {card['steps']} steps, {card['data']['groups']} groups")
+    for name, figures in (card.get("validation") or {}).items():
+        if isinstance(figures, dict):
+            typer.echo(f"  validation {name}: nDCG@10 {figures['nDCG@10']:.4f}")
 
 
 def main() -> None:

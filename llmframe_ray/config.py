@@ -103,13 +103,19 @@ class Settings(BaseSettings):
     dense_weight: float = Field(1.0, ge=0, validation_alias=_env("DENSE_WEIGHT"))
     fusion_depth: int = Field(200, ge=1, le=10000, validation_alias=_env("FUSION_DEPTH"))
 
-    # Reranking (the cross-encoder stage; see README for its state)
+    # Reranking: a cross-encoder rescores the top `reranker_depth` hits
     reranker_enabled: bool = Field(
         False, validation_alias=_env("RERANKER_ENABLED", "RERANKER_ENABLED")
     )
     reranker_model: str = Field(
         "cross-encoder/ms-marco-MiniLM-L-6-v2", validation_alias=_env("RERANKER_MODEL")
     )
+    reranker_revision: str | None = Field(None, validation_alias=_env("RERANKER_REVISION"))
+    reranker_onnx_file: str | None = Field(None, validation_alias=_env("RERANKER_ONNX_FILE"))
+    reranker_precision: str = Field("fp32", pattern="^(fp32|int8)$", validation_alias=_env("RERANKER_PRECISION"))
+    reranker_depth: int = Field(50, ge=1, le=1000, validation_alias=_env("RERANKER_DEPTH"))
+    reranker_batch_size: int = Field(32, ge=1, le=1024, validation_alias=_env("RERANKER_BATCH_SIZE"))
+    reranker_max_length: int | None = Field(None, ge=8, le=512, validation_alias=_env("RERANKER_MAX_LENGTH"))
 
     @field_validator("bm25_stemmer", "bm25_stopwords", mode="before")
     @classmethod

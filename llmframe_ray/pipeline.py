@@ -16,9 +16,11 @@ from llmframe_ray.config import Settings
 from llmframe_ray.errors import IndexLoadError, ModelError
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import Embedder, check_query_text
 from llmframe_ray.retrieve.candidates import Candidates, ChunkRef, merge_shard_results
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
+from llmframe_ray.retrieve.rerank import rerank_hits
 from llmframe_ray.types import Hit, SearchMode, parse_enum
 
 BM25 = SearchMode.BM25.value
@@ -40,12 +42,17 @@ class Pipeline:
     """Search an index's shards with BM25, dense retrieval, or both fused with RRF."""
 
     def __init__(
-        self, shards: Sequence[IndexShard], embedder: Embedder | None, settings: Settings
+        self,
+        shards: Sequence[IndexShard],
+        embedder: Embedder | None,
+        settings: Settings,
+        reranker: CrossEncoder | None = None,
     ) -> None:
         if not shards:
             raise ValueError("a pipeline needs at least one index shard")
         self.shards = list(shards)
         self.embedder = embedder
+        self.reranker = reranker
         self.settings = settings
         self.max_chunks_per_doc = max(s.manifest.max_chunks_per_doc for s in self.shards)
         self.total_chunks = sum(len(s) for s in self.shards)
@@ -58,9 +65,15 @@ class Pipeline:
             )
 
     @classmethod
-    def open(cls, index_dir: Path, settings: Settings, embedder: Embedder | None) -> Pipeline:
+    def open(
+        cls,
+        index_dir: Path,
+        settings: Settings,
+        embedder: Embedder | None,
+        reranker: CrossEncoder | None = None,
+    ) -> Pipeline:
         loaded = IndexDirectory(index_dir).load()
-        return cls(loaded.shards, embedder, settings)
+        return cls(loaded.shards, embedder, settings, reranker)
 
     @property
     def default_mode(self) -> SearchMode:
@@ -74,8 +87,9 @@ class Pipeline:
         level: str | ResultLevel = ResultLevel.DOCUMENT,
         *,
         truncate: bool = False,
+        rerank: bool | None = None,
     ) -> list[Hit]:
-        return self.search_batch([query], mode, top_k, level, truncate=truncate)[0]
+        return self.search_batch([query], mode, top_k, level, truncate=truncate, rerank=rerank)[0]
 
     def search_batch(
         self,
@@ -85,11 +99,14 @@ class Pipeline:
         level: str | ResultLevel = ResultLevel.DOCUMENT,
         *,
         truncate: bool = False,
+        rerank: bool | None = None,
     ) -> list[list[Hit]]:
         """Answer many queries at once: one encoder call, one search call per shard and ranker.
 
         A query longer than the embedder's limit is an error unless `truncate` is set, in which
-        case the embedder sees its first tokens only (BM25 always sees all of it).
+        case the embedder sees its first tokens only (BM25 always sees all of it). With `rerank`
+        (default: RERANKER_ENABLED) the mode's top `reranker_depth` hits are rescored by the
+        cross-encoder before the top `top_k` are returned.
         """
         if isinstance(queries, str):
             raise TypeError("search_batch takes a sequence of queries, not one string")
@@ -97,6 +114,12 @@ class Pipeline:
         level = ResultLevel.from_str(level)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
+        rerank = self.settings.reranker_enabled if rerank is None else rerank
+        if rerank and self.reranker is None:
+            raise ModelError(
+                "reranking was asked for but no reranker is loaded (LLMFRAME_RERANKER_MODEL)"
+            )
+        wanted = max(top_k, self.settings.reranker_depth) if rerank else top_k
         uses_dense = mode in (SearchMode.DENSE, SearchMode.HYBRID)
         if uses_dense and self.embedder is None:
             raise ModelError(f"mode {mode.value!r} needs an embedder; none was loaded")
@@ -105,7 +128,7 @@ class Pipeline:
         if not checked:
             return []
 
-        depth = top_k if mode is not SearchMode.HYBRID else max(top_k, self.settings.fusion_depth)
+        depth = wanted if mode is not SearchMode.HYBRID else max(wanted, self.settings.fusion_depth)
         per_ranker: dict[str, list[Candidates]] = {}
         if mode in (SearchMode.BM25, SearchMode.HYBRID):
             if len(self.shards) > 1:
@@ -127,7 +150,10 @@ class Pipeline:
         results = []
         for i in range(len(checked)):
             candidates = [per_ranker[name][i] for name in (BM25, DENSE) if name in per_ranker]
-            results.append(self._hits(candidates, level, depth, top_k))
+            hits = self._hits(candidates, level, depth, wanted)
+            if rerank:
+                hits = rerank_hits(checked[i], hits, self.reranker, self.settings.reranker_depth)
+            results.append(hits[:top_k])
         return results
 
     # stages

@@ -25,6 +25,7 @@ class BeirDataset:
     queries: Mapping[str, str]  # judged queries of the split only, in file order
     qrels: Mapping[str, Mapping[str, int]]
     corpus_sha256: str
+    qrels_sha256: str
 
 
 def _check_files(root: Path, split: str) -> Path:
@@ -87,4 +88,5 @@ def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
         queries=MappingProxyType(queries),
         qrels=MappingProxyType({q: MappingProxyType(d) for q, d in qrels.items()}),
         corpus_sha256=describe_file(root / "corpus.jsonl")["sha256"],
+        qrels_sha256=describe_file(qrels_path)["sha256"],
     )

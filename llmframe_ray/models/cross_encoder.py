@@ -1,0 +1,120 @@
+"""ONNX cross-encoder runtime: scores (query, passage) pairs read together.
+
+A model directory holds `model.onnx` (fp32), optionally `model.int8.onnx` (dynamically
+quantised), `tokenizer.json`, and optionally `config.json` / `reranker.json` (our model card,
+which records the maximum length the model was trained with). Calls split into
+tokenize -> run -> postprocess so that a server can batch the middle step across requests.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from llmframe_ray.errors import ModelError
+from llmframe_ray.models.runtime import EncodedBatch, create_session, load_tokenizer, pad_encodings
+from llmframe_ray.types import parse_enum
+
+CARD_FILE = "reranker.json"
+ONNX_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
+DEFAULT_MAX_LENGTH = 512
+
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    INT8 = "int8"
+
+    @classmethod
+    def from_str(cls, value: str | Precision) -> Precision:
+        return parse_enum(cls, value, "precision")
+
+
+def read_card(model_dir: Path) -> dict:
+    """The model card written by `train-reranker` ({} for models made elsewhere)."""
+    path = Path(model_dir) / CARD_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"cannot read the model card {path}: {exc}") from exc
+
+
+class CrossEncoder:
+    """Relevance scores for (query, passage) pairs from an ONNX sequence classifier."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        precision: str | Precision = Precision.FP32,
+        onnx_file: str | None = None,
+        max_length: int | None = None,
+        batch_size: int = 32,
+        threads: int = 1,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.precision = Precision.from_str(precision)
+        onnx_path = self.model_dir / (onnx_file or ONNX_FILES[self.precision.value])
+        missing = [p for p in (onnx_path, self.model_dir / "tokenizer.json") if not p.is_file()]
+        if missing:
+            names = ", ".join(str(p.relative_to(self.model_dir)) for p in missing)
+            raise ModelError(
+                f"reranker model folder {self.model_dir} has no {names}; a model folder needs "
+                "model.onnx (model.int8.onnx for int8) and tokenizer.json: download one with "
+                "LLMFRAME_RERANKER_MODEL=<hub repo id>, or train one with `llmframe-ray train-reranker`"
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.card = read_card(self.model_dir)
+        if max_length is None:
+            max_length = int(self.card.get("max_length", DEFAULT_MAX_LENGTH))
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.threads = threads
+        self._tokenizer = load_tokenizer(self.model_dir / "tokenizer.json", max_length)
+        self._session = create_session(onnx_path, threads)
+        self._input_names = {i.name for i in self._session.get_inputs()}
+        self.name = str(self.card.get("name") or self.model_dir.name)
+
+    def tokenize(self, query: str, passages: Sequence[str]) -> EncodedBatch:
+        """Pairs truncated together (longest first) to `max_length` tokens."""
+        return pad_encodings(self._tokenizer.encode_batch([(query, p) for p in passages]))
+
+    def tokenize_pairs(self, pairs: Sequence[tuple[str, str]]) -> EncodedBatch:
+        return pad_encodings(self._tokenizer.encode_batch([tuple(p) for p in pairs]))
+
+    def run(self, batch: EncodedBatch) -> np.ndarray:
+        return self._session.run(None, batch.feeds(self._input_names))[0]
+
+    @staticmethod
+    def postprocess(logits: np.ndarray) -> np.ndarray:
+        """One score per pair: the single logit, or the 'relevant' logit of a 2-class head."""
+        logits = np.asarray(logits, dtype=np.float32)
+        if logits.ndim == 1:
+            return logits
+        return logits[:, 0] if logits.shape[1] == 1 else logits[:, -1]
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """Scores in input order; pairs are run in batches of similar length."""
+        out = np.empty(len(pairs), dtype=np.float32)
+        if not pairs:
+            return out
+        order = np.argsort(-np.array([len(q) + len(p) for q, p in pairs]), kind="stable")
+        for start in range(0, len(pairs), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            batch = self.tokenize_pairs([pairs[i] for i in rows])
+            out[rows] = self.postprocess(self.run(batch))
+        return out
+
+    def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
+        return self.score_pairs([(query, p) for p in passages])
+
+
+def rerank_order(scores: Sequence[float]) -> list[int]:
+    """Positions sorted by score, highest first; equal scores keep their incoming order."""
+    return sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))

@@ -1,0 +1,114 @@
+"""Where a cross-encoder comes from: a local folder, or a Hugging Face hub repository.
+
+A hub model is fetched once with the official `huggingface_hub` client (which honours
+`HF_ENDPOINT`, read here at call time) into `<LLMFRAME_HOME>/models/hub/<owner>--<name>/<revision>/`
+and used offline from then on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmframe_ray.errors import ModelError
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+DEFAULT_HUB_ONNX_FILE = "onnx/model.onnx"
+REQUIRED_FILES = ("tokenizer.json",)
+OPTIONAL_FILES = ("config.json",)
+HOW_TO_GET = (
+    "without internet access, pass a local folder holding model.onnx and tokenizer.json, or "
+    "train one with `llmframe-ray train-reranker`"
+)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: the folder, and the ONNX file inside it (None: the precision's default)."""
+
+    model_dir: Path
+    onnx_file: str | None
+    origin: str
+
+
+def resolve_model(
+    spec: str | Path,
+    *,
+    cache_dir: Path,
+    revision: str | None = None,
+    onnx_file: str | None = None,
+) -> ModelSource:
+    """A local model folder as is; a hub repo id downloaded (once) into `cache_dir`."""
+    path = Path(spec)
+    if path.is_dir():
+        return ModelSource(path, onnx_file, f"local folder {path}")
+    text = str(spec)
+    if not REPO_ID.match(text) or text.startswith((".", "/", "~")):
+        raise ModelError(
+            f"reranker model {text!r} is neither an existing folder nor a hub repo id "
+            "(owner/name)"
+        )
+    return download_from_hub(text, cache_dir=cache_dir, revision=revision, onnx_file=onnx_file or DEFAULT_HUB_ONNX_FILE)
+
+
+def hub_target(cache_dir: Path, repo_id: str, revision: str | None) -> Path:
+    owner, name = repo_id.split("/", 1)
+    return Path(cache_dir) / "hub" / f"{owner}--{name}" / (revision or "main")
+
+
+def download_from_hub(
+    repo_id: str, *, cache_dir: Path, revision: str | None, onnx_file: str
+) -> ModelSource:
+    """Fetch the ONNX file, tokenizer.json and (if present) config.json of a hub repo."""
+    target = hub_target(cache_dir, repo_id, revision)
+    origin = f"hub repo {repo_id}@{revision or 'main'}"
+    needed = (onnx_file, *REQUIRED_FILES)
+    if all((target / name).is_file() for name in needed):
+        return ModelSource(target, onnx_file, origin)  # already downloaded: no network
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+    except ImportError as exc:
+        raise ModelError(f"downloading {origin} needs huggingface_hub: pip install huggingface_hub") from exc
+
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    where = endpoint or "the Hugging Face hub"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in (*needed, *OPTIONAL_FILES):
+        try:
+            hf_hub_download(
+                repo_id, name, revision=revision, local_dir=target, endpoint=endpoint,
+                token=os.environ.get("HF_TOKEN") or None,
+            )
+        except EntryNotFoundError as exc:
+            if name in OPTIONAL_FILES:
+                continue
+            raise ModelError(f"{origin} has no file {name!r} ({where}); {HOW_TO_GET}") from exc
+        except Exception as exc:  # network errors, 401/404 for the repo, offline mode
+            raise ModelError(
+                f"cannot download {name!r} of {origin} from {where}: {type(exc).__name__}: "
+                f"{exc}; {HOW_TO_GET}"
+            ) from exc
+    return ModelSource(target, onnx_file, origin)
+
+
+def load_reranker(settings, spec: str | Path | None = None, precision: str | None = None):
+    """The cross-encoder the settings name (or `spec`), resolved, downloaded once, and loaded."""
+    from llmframe_ray.models.cross_encoder import CrossEncoder
+
+    source = resolve_model(
+        settings.reranker_model if spec is None else spec,
+        cache_dir=settings.models_dir,
+        revision=settings.reranker_revision,
+        onnx_file=settings.reranker_onnx_file,
+    )
+    return CrossEncoder(
+        source.model_dir,
+        precision=settings.reranker_precision if precision is None else precision,
+        onnx_file=source.onnx_file,
+        max_length=settings.reranker_max_length,
+        batch_size=settings.reranker_batch_size,
+        threads=settings.threads,
+    )

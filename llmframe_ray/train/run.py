@@ -1,0 +1,113 @@
+"""`llmframe-ray train-reranker`: mine, train, export, validate, write the model card."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from llmframe_ray.config import Settings
+from llmframe_ray.errors import DatasetError
+from llmframe_ray.eval.beir import BeirDataset, load_beir
+from llmframe_ray.eval.runner import cached_index, run_mode
+from llmframe_ray.eval.trec import score_run, write_run
+from llmframe_ray.index import atomic
+from llmframe_ray.models.cross_encoder import CARD_FILE, CrossEncoder, Precision, read_card
+from llmframe_ray.models.embedder import load_embedder
+from llmframe_ray.pipeline import Pipeline
+from llmframe_ray.retrieve.rerank import rerank_hits
+from llmframe_ray.train.reranker import Log, TrainConfig, build_groups, split_queries, train
+from llmframe_ray.types import Hit, SearchMode
+
+VALIDATION_DEPTH = 30
+
+
+def subset(dataset: BeirDataset, qids: list[str]) -> BeirDataset:
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    keep = set(qids)
+    return replace(
+        dataset,
+        queries=MappingProxyType({q: t for q, t in dataset.queries.items() if q in keep}),
+        qrels=MappingProxyType({q: r for q, r in dataset.qrels.items() if q in keep}),
+    )
+
+
+def validate(
+    pipeline: Pipeline, dataset: BeirDataset, model_dir: Path, settings: Settings, work: Path
+) -> dict[str, dict[str, float]]:
+    """nDCG@10 on held-out queries: hybrid, and hybrid top-30 reranked by fp32 and int8."""
+    hybrid = {
+        qid: pipeline.search(text, SearchMode.HYBRID, top_k=100, truncate=True)
+        for qid, text in dataset.queries.items()
+    }
+    figures = {"hybrid": _score(work / "hybrid.trec", hybrid, dataset)}
+    for precision in Precision:
+        encoder = CrossEncoder(model_dir, precision=precision, threads=settings.threads)
+        started = time.perf_counter()
+        reranked = {
+            qid: rerank_hits(dataset.queries[qid], hits, encoder, VALIDATION_DEPTH)
+            for qid, hits in hybrid.items()
+        }
+        seconds = time.perf_counter() - started
+        figures[f"rerank-{precision.value}"] = {
+            **_score(work / f"rerank-{precision.value}.trec", reranked, dataset),
+            "pairs_per_s": round(len(hybrid) * VALIDATION_DEPTH / seconds, 1),
+        }
+    return figures
+
+
+def _score(path: Path, results: dict[str, list[Hit]], dataset: BeirDataset) -> dict[str, float]:
+    run = {qid: [(h.doc_id, h.score) for h in hits] for qid, hits in results.items()}
+    metrics = score_run(write_run(path, run, tag="validation"), dataset.qrels)
+    return {name: round(value, 4) for name, value in metrics.items()}
+
+
+def train_reranker(
+    dataset_dir: Path, split: str, out_dir: Path, config: TrainConfig, settings: Settings, log: Log
+) -> dict:
+    """Train a reranker on `split` of a BEIR folder; return the model card written."""
+    if split == "test":
+        raise DatasetError("refusing to train on test judgments; use a training split (e.g. --split train)")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD_FILE).is_file():
+        raise FileExistsError(f"{out_dir} exists and is not a reranker folder; refusing to overwrite it")
+    dataset = load_beir(dataset_dir, split)
+    embedder = load_embedder(settings)
+    log(f"index of {dataset.name} ({len(dataset.corpus)} documents): building or reusing the cache")
+    pipeline = Pipeline.open(cached_index(dataset, settings, embedder), settings, embedder)
+    train_ids, val_ids = split_queries(list(dataset.queries), config.validation_fraction, config.seed)
+    log(f"mining hard negatives: hybrid top {config.mining_depth} for {len(train_ids)} queries")
+    candidates = {
+        qid: [doc for doc, _ in ranked]
+        for qid, ranked in run_mode(pipeline, subset(dataset, train_ids), SearchMode.HYBRID, config.mining_depth).items()
+    }
+    groups = build_groups(dataset, train_ids, candidates, config)
+    log(f"training on {len(groups)} groups (1 positive + {config.negatives} negatives each)")
+    card = {
+        "name": out_dir.name,
+        "kind": "cross-encoder reranker (BERT sequence classifier, 1 logit)",
+        "data": {
+            "dataset": dataset.name,
+            "split": split,
+            "qrels_sha256": dataset.qrels_sha256,
+            "corpus_sha256": dataset.corpus_sha256,
+            "train_queries": len(train_ids),
+            "validation_queries": len(val_ids),
+            "groups": len(groups),
+            "negatives": f"hybrid top {config.mining_depth} minus every document judged for the query",
+        },
+    }
+    report = train(groups, out_dir, config, card, log)
+    log(f"trained {report.steps} steps in {report.seconds:.0f}s; exported to {out_dir}")
+    if val_ids:
+        log(f"validating on {len(val_ids)} held-out {split} queries")
+        work = out_dir.parent / f".{out_dir.name}.validation"
+        figures = validate(pipeline, subset(dataset, val_ids), out_dir, settings, work)
+        card = {**read_card(out_dir), "validation": {"queries": len(val_ids), "depth": VALIDATION_DEPTH, **figures}}
+        atomic.write_bytes(out_dir / CARD_FILE, (json.dumps(card, indent=2) + "\n").encode("utf-8"))
+        for path in work.glob("*.trec"):
+            path.unlink()
+        work.rmdir()
+    return read_card(out_dir)

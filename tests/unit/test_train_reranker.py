@@ -1,0 +1,139 @@
+"""Reranker fine-tuning end to end on a tiny collection: a few steps only."""
+
+import json
+
+import numpy as np
+import pytest
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.errors import DatasetError, ModelError
+from llmframe_ray.eval.beir import load_beir
+from llmframe_ray.eval.runner import check_reranker_data
+from llmframe_ray.models.cross_encoder import CrossEncoder, read_card
+from llmframe_ray.train.reranker import TrainConfig, build_groups, split_queries
+from llmframe_ray.train.run import train_reranker
+
+TOPICS = {
+    "bread": "Sourdough bread rises because wild yeast ferments the dough.",
+    "tides": "Ocean tides follow the gravitational pull of the Moon.",
+    "lava": "Shield volcanoes erupt runny basaltic lava.",
+    "bikes": "Cycling to work improves cardiovascular fitness.",
+    "ice": "Glaciers flow slowly under their own weight.",
+    "bees": "Honey bees communicate the direction of flowers by dancing.",
+    "stars": "Stars fuse hydrogen into helium in their cores.",
+    "rust": "Iron rusts when it reacts with oxygen and water.",
+}
+QUESTIONS = {
+    "q1": ("what makes sourdough rise", "bread"),
+    "q2": ("why do tides happen", "tides"),
+    "q3": ("how do volcanoes erupt", "lava"),
+    "q4": ("health benefits of cycling", "bikes"),
+    "q5": ("how do glaciers move", "ice"),
+    "q6": ("how do bees share where flowers are", "bees"),
+}
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-beir")
+    (root / "qrels").mkdir()
+    (root / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": k, "title": k.title(), "text": v}) + "\n" for k, v in TOPICS.items())
+    )
+    (root / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, (t, _) in QUESTIONS.items())
+    )
+    lines = "".join(f"{q}\t{d}\t1\n" for q, (_, d) in QUESTIONS.items())
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + lines)
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tbread\t1\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory, model_dir):
+    home = tmp_path_factory.mktemp("home")
+    (home / "models").mkdir()
+    (home / "models" / model_dir.name).symlink_to(model_dir)
+    return load_settings(home=home, num_threads=2)
+
+
+CONFIG = TrainConfig(
+    epochs=1, seed=7, negatives=2, mining_depth=5, groups_per_step=2, max_length=48,
+    validation_fraction=0.34, threads=2, max_steps=2,
+)
+
+
+@pytest.fixture(scope="module")
+def trained(dataset_dir, settings, tmp_path_factory):
+    out = tmp_path_factory.mktemp("models") / "tiny-reranker"
+    card = train_reranker(dataset_dir, "train", out, CONFIG, settings, lambda line: None)
+    return out, card
+
+
+def test_model_folder_and_card(trained, dataset_dir):
+    out, card = trained
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json", "model.int8.onnx", "model.onnx", "reranker.json", "tokenizer.json"
+    ]
+    assert card == read_card(out)
+    assert card["steps"] == 2 and card["max_length"] == 48 and card["config"]["seed"] == 7
+    assert card["data"]["dataset"] == "tiny-beir0" and card["data"]["split"] == "train"
+    assert card["data"]["train_queries"] == 4 and card["data"]["validation_queries"] == 2
+    assert card["data"]["groups"] == 4
+    assert [step for step, _ in card["loss_curve"]] == [2]
+    assert set(card["validation"]) == {"queries", "depth", "hybrid", "rerank-fp32", "rerank-int8"}
+    assert not any(p.name.startswith(".") for p in out.parent.iterdir())
+
+
+def test_training_is_deterministic(trained, dataset_dir, settings, tmp_path):
+    out, card = trained
+    again = tmp_path / "again"
+    card2 = train_reranker(dataset_dir, "train", again, CONFIG, settings, lambda line: None)
+    assert card2["loss_curve"] == card["loss_curve"]
+    pairs = [("why do tides happen", t) for t in TOPICS.values()]
+    a = CrossEncoder(out).score_pairs(pairs)
+    b = CrossEncoder(again).score_pairs(pairs)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_refuses_test_split(dataset_dir, settings, tmp_path):
+    with pytest.raises(DatasetError, match="refusing to train on test judgments"):
+        train_reranker(dataset_dir, "test", tmp_path / "m", CONFIG, settings, lambda line: None)
+
+
+def test_refuses_to_overwrite_a_folder_that_is_not_a_model(dataset_dir, settings, tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is not a reranker folder; refusing to overwrite it"):
+        train_reranker(dataset_dir, "train", tmp_path / "notes", CONFIG, settings, lambda line: None)
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+
+
+def test_eval_refuses_a_reranker_trained_on_the_same_judgments(trained, dataset_dir):
+    _, card = trained
+    check_reranker_data(card, load_beir(dataset_dir, "test"))  # trained on train: allowed
+    with pytest.raises(ModelError) as err:
+        check_reranker_data(card, load_beir(dataset_dir, "train"))
+    assert str(err.value) == (
+        "the reranker was trained on tiny-beir0/qrels/train.tsv; evaluating it on the same "
+        "judgments (tiny-beir0 train) would report training data as test results"
+    )
+
+
+def test_negatives_exclude_every_judged_document(dataset_dir):
+    ds = load_beir(dataset_dir, "train")
+    candidates = {q: ["bread", "tides", "lava", "bikes", "ice", "bees", "stars"] for q in ds.queries}
+    groups = build_groups(ds, list(ds.queries), candidates, TrainConfig(negatives=3, mining_depth=5, seed=1))
+    assert len(groups) == 6
+    for g in groups:
+        judged_text = TOPICS[QUESTIONS[g.query_id][1]]
+        assert g.positive.endswith(judged_text)
+        assert all(not n.endswith(judged_text) for n in g.negatives) and len(set(g.negatives)) == 3
+
+
+def test_split_queries_is_seeded_and_disjoint():
+    ids = [f"q{i}" for i in range(20)]
+    train_a, val_a = split_queries(ids, 0.1, seed=3)
+    train_b, val_b = split_queries(list(reversed(ids)), 0.1, seed=3)
+    assert (train_a, val_a) == (train_b, val_b)
+    assert len(val_a) == 2 and not set(train_a) & set(val_a) and len(train_a) + len(val_a) == 20
