@@ -68,9 +68,12 @@ def search(
     mode: Optional[str] = typer.Option(None, "--mode", help="bm25, dense or hybrid (default: hybrid if HYBRID_SEARCH_ENABLED)."),
     top_k: int = typer.Option(5, "--top-k", min=1, max=1000),
     level: str = typer.Option("document", "--level", help="document or chunk"),
+    rerank: Optional[bool] = typer.Option(None, "--rerank/--no-rerank", help="Rescore with the cross-encoder (default: RERANKER_ENABLED)."),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="Model folder or hub repo id (default: LLMFRAME_RERANKER_MODEL)."),
 ) -> None:
     """Search an index and print the hits."""
     from llmframe_ray.models.embedder import load_embedder
+    from llmframe_ray.models.sources import load_reranker
     from llmframe_ray.pipeline import Pipeline
     from llmframe_ray.types import SearchMode
 
@@ -78,8 +81,10 @@ def search(
     search_mode = None if mode is None else SearchMode.from_str(mode)
     needs_model = search_mode is not SearchMode.BM25
     embedder = load_embedder(settings) if needs_model else None
-    pipeline = Pipeline.open(index, settings, embedder)
-    hits = pipeline.search(query, search_mode, top_k, level)
+    use_reranker = settings.reranker_enabled if rerank is None else rerank
+    encoder = load_reranker(settings, reranker) if use_reranker else None
+    pipeline = Pipeline.open(index, settings, embedder, encoder)
+    hits = pipeline.search(query, search_mode, top_k, level, rerank=use_reranker)
     used = (search_mode or pipeline.default_mode).value
     typer.echo(f"{len(hits)} hits for {query!r} (mode {used}):")
     for hit in hits:

@@ -69,7 +69,7 @@ def download_from_hub(
         return ModelSource(target, onnx_file, origin)  # already downloaded: no network
     try:
         from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError
+        from huggingface_hub.errors import RemoteEntryNotFoundError  # the file is not in the repo
     except ImportError as exc:
         raise ModelError(f"downloading {origin} needs huggingface_hub: pip install huggingface_hub") from exc
 
@@ -82,7 +82,7 @@ def download_from_hub(
                 repo_id, name, revision=revision, local_dir=target, endpoint=endpoint,
                 token=os.environ.get("HF_TOKEN") or None,
             )
-        except EntryNotFoundError as exc:
+        except RemoteEntryNotFoundError as exc:
             if name in OPTIONAL_FILES:
                 continue
             raise ModelError(f"{origin} has no file {name!r} ({where}); {HOW_TO_GET}") from exc

@@ -42,6 +42,7 @@ class TrainConfig:
     warmup_fraction: float = 0.1
     max_length: int = 256
     validation_fraction: float = 0.1
+    freeze_embeddings: bool = True  # the 30k x 384 token table: most of the optimiser's work
     threads: int = 2
     max_steps: int | None = None  # stop early (tests train a few steps only)
 
@@ -130,6 +131,9 @@ def train(
     torch.set_num_threads(config.threads)
     source = bundled_minilm_path()
     model = AutoModelForSequenceClassification.from_pretrained(str(source), num_labels=1)
+    if config.freeze_embeddings:
+        for param in model.bert.embeddings.parameters():
+            param.requires_grad_(False)
     tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
     tokenizer.enable_truncation(max_length=config.max_length)
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
@@ -139,7 +143,8 @@ def train(
     total = steps_per_epoch * config.epochs
     if config.max_steps is not None:
         total = min(total, config.max_steps)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.01)
     warmup = max(1, int(total * config.warmup_fraction))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
@@ -167,7 +172,7 @@ def train(
             loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
             optimizer.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             optimizer.step()
             schedule.step()
             step += 1

@@ -199,3 +199,35 @@ def test_document_ranking_equals_brute_force(pipeline, embedder):
     assert [h.score for h in hits] == pytest.approx([best[d] for d in expected], abs=1e-5)
     # the top 2 x top_k chunks hold fewer than top_k documents: the fetch had to widen
     assert sum(c.doc_id == "long" for c in chunks) > len(DOCS) + 1
+
+
+class LengthScorer:
+    """A stand-in cross-encoder: longer passages score higher (no model)."""
+
+    def score(self, query, passages):
+        import numpy as np
+
+        return np.array([float(len(p)) for p in passages], dtype=np.float32)
+
+
+def test_rerank_reorders_the_hybrid_head(index_dir, embedder):
+    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4)
+    pipeline = Pipeline.open(index_dir, settings, embedder, reranker=LengthScorer())
+    query = "moon and ocean tides"
+    hybrid = pipeline.search(query, SearchMode.HYBRID, top_k=6)
+    reranked = pipeline.search(query, SearchMode.HYBRID, top_k=6, rerank=True)
+    head = sorted(hybrid[:4], key=lambda h: -len(f"{h.title}\n{h.text}"))
+    assert [h.chunk_id for h in reranked] == [h.chunk_id for h in head + hybrid[4:]]
+    assert [h.rank for h in reranked] == [1, 2, 3, 4, 5, 6]
+    assert [h.ranks["rerank"] for h in reranked[:4]] == [1, 2, 3, 4]
+    assert all("rerank" not in h.ranks for h in reranked[4:])
+    assert len(pipeline.search(query, SearchMode.HYBRID, top_k=2, rerank=True)) == 2
+
+
+def test_reranker_enabled_switch(index_dir, embedder):
+    on = load_settings(chunk_size=64, chunk_overlap=8, reranker_enabled=True, reranker_depth=3)
+    pipeline = Pipeline.open(index_dir, on, embedder, reranker=LengthScorer())
+    assert "rerank" in pipeline.search("lava")[0].ranks
+    assert "rerank" not in pipeline.search("lava", rerank=False)[0].ranks
+    with pytest.raises(ModelError, match="reranking was asked for but no reranker is loaded"):
+        Pipeline.open(index_dir, on, embedder).search("lava")

@@ -137,3 +137,27 @@ def test_split_queries_is_seeded_and_disjoint():
     train_b, val_b = split_queries(list(reversed(ids)), 0.1, seed=3)
     assert (train_a, val_a) == (train_b, val_b)
     assert len(val_a) == 2 and not set(train_a) & set(val_a) and len(train_a) + len(val_a) == 20
+
+
+def test_eval_rerank_mode_writes_runs(trained, dataset_dir, settings, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out, _ = trained
+    env = {**os.environ, "LLMFRAME_HOME": str(settings.home), "LLMFRAME_NUM_THREADS": "2"}
+    args = [sys.executable, "-m", "llmframe_ray.cli", "eval", "--dataset", str(dataset_dir),
+            "--mode", "hybrid", "--mode", "rerank", "--reranker", str(out), "--rerank-depth", "3",
+            "--runs-dir", str(tmp_path)]
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    hybrid = [line.split() for line in (tmp_path / "hybrid.trec").read_text().splitlines()]
+    rerank = [line.split() for line in (tmp_path / "rerank.trec").read_text().splitlines()]
+    # same documents; below the reranked depth the hybrid order is kept
+    assert sorted(r[2] for r in rerank) == sorted(h[2] for h in hybrid)
+    assert [r[2] for r in rerank[3:]] == [h[2] for h in hybrid[3:]]
+    assert result.stdout.splitlines()[-1] == f"reranker: {out} (fp32, depth 3, max length 48)"
+    # a reranker trained on these judgments is refused
+    refused = subprocess.run(args[:-2] + ["--split", "train"], env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2
+    assert "the reranker was trained on tiny-beir0/qrels/train.tsv" in refused.stderr

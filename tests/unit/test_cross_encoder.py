@@ -1,0 +1,263 @@
+"""The ONNX cross-encoder runtime, its model sources (local folder, hub download), and reranking."""
+
+import hashlib
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.errors import ModelError
+from llmframe_ray.models.cross_encoder import CrossEncoder, rerank_order
+from llmframe_ray.models.export import bundled_minilm_path, export_graph, quantize_int8
+from llmframe_ray.models.sources import hub_target, load_reranker, resolve_model
+from llmframe_ray.retrieve.rerank import rerank_hits
+from llmframe_ray.train.reranker import torch_scores
+from llmframe_ray.types import Hit
+
+PAIRS = [
+    ("why do tides happen", "Ocean tides follow the gravitational pull of the Moon."),
+    ("why do tides happen", "Sourdough bread rises because wild yeast ferments the dough."),
+    ("what makes bread rise", "Sourdough bread rises because wild yeast ferments the dough. " * 20),
+    ("x", "y"),
+]
+MAX_LENGTH = 64
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """A small random BERT classifier (seeded) with the MiniLM tokenizer, in PyTorch."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128, num_labels=1,
+    )
+    return BertForSequenceClassification(config).eval()
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory, tiny_model):
+    folder = tmp_path_factory.mktemp("tiny-ce")
+    export_graph(tiny_model, folder / "model.onnx", "logits")
+    quantize_int8(folder / "model.onnx", folder / "model.int8.onnx")
+    shutil.copyfile(bundled_minilm_path() / "tokenizer.json", folder / "tokenizer.json")
+    tiny_model.config.to_json_file(str(folder / "config.json"))
+    return folder
+
+
+def reference_tokenizer():
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(bundled_minilm_path() / "tokenizer.json"))
+    tok.enable_truncation(max_length=MAX_LENGTH)
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    return tok
+
+
+def test_onnx_scores_match_pytorch(model_folder, tiny_model):
+    """fp32 ONNX equals the PyTorch model it was exported from within 1e-4 (absolute)."""
+    encoder = CrossEncoder(model_folder, max_length=MAX_LENGTH, batch_size=3)
+    expected = torch_scores(tiny_model, reference_tokenizer(), PAIRS)
+    got = encoder.score_pairs(PAIRS)
+    assert got.shape == (4,) and got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_batch_equals_one_by_one(model_folder):
+    encoder = CrossEncoder(model_folder, max_length=MAX_LENGTH, batch_size=4)
+    batched = encoder.score_pairs(PAIRS)
+    single = np.array([encoder.score_pairs([p])[0] for p in PAIRS])
+    np.testing.assert_allclose(batched, single, atol=1e-5)
+
+
+def test_split_steps_compose(model_folder):
+    encoder = CrossEncoder(model_folder, max_length=MAX_LENGTH)
+    query, passages = PAIRS[0][0], [p for _, p in PAIRS[:2]]
+    batch = encoder.tokenize(query, passages)
+    assert batch.input_ids.shape[1] <= MAX_LENGTH
+    np.testing.assert_allclose(encoder.postprocess(encoder.run(batch)), encoder.score(query, passages), atol=1e-6)
+
+
+def test_int8_is_close_to_fp32(model_folder):
+    fp32 = CrossEncoder(model_folder, max_length=MAX_LENGTH).score_pairs(PAIRS)
+    int8 = CrossEncoder(model_folder, precision="int8", max_length=MAX_LENGTH).score_pairs(PAIRS)
+    assert not np.array_equal(fp32, int8)  # really the quantised graph
+    np.testing.assert_allclose(int8, fp32, atol=0.05)
+
+
+def test_empty_candidate_list(model_folder):
+    encoder = CrossEncoder(model_folder, max_length=MAX_LENGTH)
+    assert encoder.score("q", []).shape == (0,)
+    assert rerank_hits("q", [], encoder, depth=50) == []
+
+
+def test_missing_file_is_named(model_folder, tmp_path):
+    shutil.copyfile(model_folder / "model.onnx", tmp_path / "model.onnx")
+    with pytest.raises(ModelError) as err:
+        CrossEncoder(tmp_path)
+    assert str(err.value).startswith(f"reranker model folder {tmp_path} has no tokenizer.json; ")
+    with pytest.raises(ModelError, match="has no model.int8.onnx"):
+        CrossEncoder(model_folder.parent / model_folder.name, precision="int8", onnx_file="model.int8.onnx.missing")
+
+
+def test_truncated_model_file(model_folder, tmp_path):
+    shutil.copyfile(model_folder / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "model.onnx").write_bytes((model_folder / "model.onnx").read_bytes()[:2000])
+    with pytest.raises(ModelError, match=r"cannot load .*model\.onnx: "):
+        CrossEncoder(tmp_path)
+
+
+def test_unknown_precision(model_folder):
+    with pytest.raises(ValueError, match="unknown precision 'fp16'; valid precisions: fp32, int8"):
+        CrossEncoder(model_folder, precision="fp16")
+
+
+class ScriptedEncoder:
+    """A stand-in cross-encoder with fixed scores per passage text (no model)."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def score(self, query, passages):
+        return np.array([self.scores[p] for p in passages], dtype=np.float32)
+
+
+def hit(doc, rank):
+    return Hit(doc_id=doc, chunk_id=f"{doc}#0", text=doc, score=1.0 / rank, rank=rank, ranks={"bm25": rank})
+
+
+def test_rerank_head_then_tail_in_incoming_order():
+    hits = [hit(d, i) for i, d in enumerate(["a", "b", "c", "d", "e"], 1)]
+    encoder = ScriptedEncoder({"a": 0.1, "b": 2.0, "c": 2.0, "d": 9.0, "e": 50.0})
+    out = rerank_hits("q", hits, encoder, depth=3)
+    assert [h.doc_id for h in out] == ["b", "c", "a", "d", "e"]  # b, c tie: incoming order
+    assert [h.rank for h in out] == [1, 2, 3, 4, 5]
+    assert [h.score for h in out[:3]] == [2.0, 2.0, pytest.approx(0.1)]
+    assert [dict(h.ranks) for h in out[:3]] == [{"bm25": 2, "rerank": 1}, {"bm25": 3, "rerank": 2}, {"bm25": 1, "rerank": 3}]
+    assert out[3].score == hits[3].score and "rerank" not in out[3].ranks
+    assert rerank_order([1.0, 3.0, 3.0, -1.0]) == [1, 2, 0, 3]
+
+
+class _FakeHub(BaseHTTPRequestHandler):
+    files: dict = {}
+    seen: list = []
+
+    def _lookup(self):
+        # /{owner}/{name}/resolve/{revision}/{path}
+        parts = self.path.split("?")[0].lstrip("/").split("/")
+        type(self).seen.append((self.command, "/".join(parts)))
+        if len(parts) < 5 or parts[2] != "resolve":
+            return None
+        return self.files.get(("/".join(parts[:2]), parts[3], "/".join(parts[4:])))
+
+    def _headers(self, body):
+        self.send_header("X-Repo-Commit", "a" * 40)
+        self.send_header("ETag", f'"{hashlib.sha256(body).hexdigest()}"')
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+
+    def do_HEAD(self):  # noqa: N802
+        body = self._lookup()
+        if body is None:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "EntryNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self._headers(body)
+
+    def do_GET(self):  # noqa: N802
+        body = self._lookup()
+        if body is None:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "EntryNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self._headers(body)
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hub(model_folder, monkeypatch):
+    _FakeHub.files = {
+        ("acme/tiny-reranker", "main", "onnx/model.onnx"): (model_folder / "model.onnx").read_bytes(),
+        ("acme/tiny-reranker", "main", "tokenizer.json"): (model_folder / "tokenizer.json").read_bytes(),
+        ("acme/tiny-reranker", "main", "config.json"): (model_folder / "config.json").read_bytes(),
+        ("acme/no-tokenizer", "main", "onnx/model.onnx"): b"onnx",
+    }
+    _FakeHub.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield server
+    server.shutdown()
+    thread.join()
+
+
+def test_download_from_hub_then_offline(hub, tmp_path, model_folder, monkeypatch):
+    source = resolve_model("acme/tiny-reranker", cache_dir=tmp_path)
+    assert source.model_dir == hub_target(tmp_path, "acme/tiny-reranker", None)
+    assert source.onnx_file == "onnx/model.onnx"
+    for name in ("onnx/model.onnx", "tokenizer.json", "config.json"):
+        assert (source.model_dir / name).read_bytes() == _FakeHub.files[("acme/tiny-reranker", "main", name)]
+    assert {path for method, path in _FakeHub.seen if method == "GET"} == {
+        "acme/tiny-reranker/resolve/main/onnx/model.onnx",
+        "acme/tiny-reranker/resolve/main/tokenizer.json",
+        "acme/tiny-reranker/resolve/main/config.json",
+    }
+    # second time: no network at all, and the model loads and scores like the original
+    _FakeHub.seen = []
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    settings = load_settings(home=tmp_path.parent / tmp_path.name, reranker_model="acme/tiny-reranker")
+    settings_models = settings.models_dir
+    shutil.copytree(tmp_path / "hub", settings_models / "hub")
+    encoder = load_reranker(settings)
+    assert _FakeHub.seen == []
+    np.testing.assert_allclose(
+        encoder.score_pairs(PAIRS[:2]),
+        CrossEncoder(model_folder, max_length=encoder.max_length).score_pairs(PAIRS[:2]),
+        atol=1e-6,
+    )
+
+
+def test_hub_repo_missing_a_file(hub, tmp_path):
+    with pytest.raises(ModelError) as err:
+        resolve_model("acme/no-tokenizer", cache_dir=tmp_path)
+    assert "hub repo acme/no-tokenizer@main has no file 'tokenizer.json'" in str(err.value)
+    assert "train one with `llmframe-ray train-reranker`" in str(err.value)
+
+
+def test_hub_unreachable(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(ModelError) as err:
+        resolve_model("cross-encoder/ms-marco-MiniLM-L-6-v2", cache_dir=tmp_path)
+    message = str(err.value)
+    assert message.startswith(
+        "cannot download 'onnx/model.onnx' of hub repo cross-encoder/ms-marco-MiniLM-L-6-v2@main "
+        "from http://127.0.0.1:9: "
+    )
+    assert message.endswith(
+        "without internet access, pass a local folder holding model.onnx and tokenizer.json, or "
+        "train one with `llmframe-ray train-reranker`"
+    )
+
+
+def test_not_a_folder_nor_repo_id(tmp_path):
+    with pytest.raises(ModelError) as err:
+        resolve_model(str(tmp_path / "missing"), cache_dir=tmp_path)
+    assert str(err.value) == (
+        f"reranker model {str(tmp_path / 'missing')!r} is neither an existing folder nor a hub repo id (owner/name)"
+    )
