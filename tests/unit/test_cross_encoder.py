@@ -161,9 +161,9 @@ class _FakeHub(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
 
-    def do_HEAD(self):  # noqa: N802
+    def _answer(self, with_body: bool):
         body = self._lookup()
-        if body is None:
+        if body is None:  # what the hub answers for a file that is not in the repo
             self.send_response(404)
             self.send_header("X-Error-Code", "EntryNotFound")
             self.send_header("Content-Length", "0")
@@ -171,18 +171,14 @@ class _FakeHub(BaseHTTPRequestHandler):
             return
         self.send_response(200)
         self._headers(body)
+        if with_body:
+            self.wfile.write(body)
+
+    def do_HEAD(self):  # noqa: N802
+        self._answer(with_body=False)
 
     def do_GET(self):  # noqa: N802
-        body = self._lookup()
-        if body is None:
-            self.send_response(404)
-            self.send_header("X-Error-Code", "EntryNotFound")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        self.send_response(200)
-        self._headers(body)
-        self.wfile.write(body)
+        self._answer(with_body=True)
 
     def log_message(self, *args):
         pass
