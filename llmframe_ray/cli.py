@@ -139,7 +139,7 @@ def train_reranker_command(
     epochs: int = typer.Option(1, "--epochs", min=1),
     seed: int = typer.Option(13, "--seed"),
     negatives: int = typer.Option(4, "--negatives", min=1, help="Hard negatives per positive."),
-    max_length: int = typer.Option(256, "--max-length", min=16, max=512),
+    max_length: int = typer.Option(192, "--max-length", min=16, max=512),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""

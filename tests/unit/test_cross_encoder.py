@@ -257,3 +257,19 @@ def test_not_a_folder_nor_repo_id(tmp_path):
     assert str(err.value) == (
         f"reranker model {str(tmp_path / 'missing')!r} is neither an existing folder nor a hub repo id (owner/name)"
     )
+
+
+def test_trained_architecture_exports_faithfully(tmp_path):
+    """The reranker `train-reranker` builds (MiniLM, mean pooling, linear head): ONNX matches
+    PyTorch within 1e-4."""
+    import torch
+
+    from llmframe_ray.train.reranker import mean_pool_classifier
+
+    torch.manual_seed(3)
+    model = mean_pool_classifier(bundled_minilm_path()).eval()
+    export_graph(model, tmp_path / "model.onnx", "logits")
+    shutil.copyfile(bundled_minilm_path() / "tokenizer.json", tmp_path / "tokenizer.json")
+    expected = torch_scores(model, reference_tokenizer(), PAIRS)
+    got = CrossEncoder(tmp_path, max_length=MAX_LENGTH, batch_size=2).score_pairs(PAIRS)
+    np.testing.assert_allclose(got, expected, atol=1e-4)
