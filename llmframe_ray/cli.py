@@ -101,7 +101,7 @@ def eval_command(
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Write <mode>.trec run files here."),
     split: str = typer.Option("test", "--split"),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Model folder or hub repo id (default: LLMFRAME_RERANKER_MODEL)."),
-    rerank_depth: Optional[int] = typer.Option(None, "--rerank-depth", min=1, max=1000, help="Hybrid candidates rescored (default 50)."),
+    rerank_depth: Optional[int] = typer.Option(None, "--rerank-depth", min=1, max=1000, help="Candidates rescored (default: LLMFRAME_RERANKER_DEPTH, 50)."),
     precision: Optional[str] = typer.Option(None, "--reranker-precision", help="fp32 or int8 (default: LLMFRAME_RERANKER_PRECISION)."),
 ) -> None:
     """Score retrieval modes (nDCG@10, Recall@100) on the judged queries of a BEIR collection."""

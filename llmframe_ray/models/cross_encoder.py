@@ -62,11 +62,12 @@ class CrossEncoder:
         onnx_path = self.model_dir / (onnx_file or ONNX_FILES[self.precision.value])
         missing = [p for p in (onnx_path, self.model_dir / "tokenizer.json") if not p.is_file()]
         if missing:
-            names = ", ".join(str(p.relative_to(self.model_dir)) for p in missing)
+            names = ", ".join(p.name if p.parent == self.model_dir else str(p) for p in missing)
             raise ModelError(
                 f"reranker model folder {self.model_dir} has no {names}; a model folder needs "
-                "model.onnx (model.int8.onnx for int8) and tokenizer.json: download one with "
-                "LLMFRAME_RERANKER_MODEL=<hub repo id>, or train one with `llmframe-ray train-reranker`"
+                "an ONNX file (model.onnx, or model.int8.onnx for int8) and tokenizer.json: "
+                "download one with LLMFRAME_RERANKER_MODEL=<hub repo id>, or train one with "
+                "`llmframe-ray train-reranker`"
             )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -93,11 +94,15 @@ class CrossEncoder:
 
     @staticmethod
     def postprocess(logits: np.ndarray) -> np.ndarray:
-        """One score per pair: the single logit, or the 'relevant' logit of a 2-class head."""
+        """One score per pair: the single logit, or the log-odds of 'relevant' for a 2-class head."""
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim == 1:
             return logits
-        return logits[:, 0] if logits.shape[1] == 1 else logits[:, -1]
+        if logits.shape[1] == 1:
+            return logits[:, 0]
+        if logits.shape[1] == 2:
+            return logits[:, 1] - logits[:, 0]
+        raise ModelError(f"a reranker must output 1 or 2 logits per pair, this one gives {logits.shape[1]}")
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """Scores in input order; pairs are run in batches of similar length."""

@@ -1,4 +1,4 @@
-"""Exports of BERT-style PyTorch models to ONNX; the only module that needs torch at run time.
+"""Exports of BERT-style PyTorch models to ONNX (torch is needed here and in `train/` only).
 
 Graphs take `input_ids`, `attention_mask`, `token_type_ids` (int64, dynamic batch and
 sequence axes). The sentence encoder returns `last_hidden_state` (pooling happens in numpy);
@@ -88,6 +88,9 @@ def write_folder(target_dir: Path, fill: Callable[[Path], None]) -> Path:
     target_dir = Path(target_dir)
     target_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}.tmp-", dir=target_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it owner-only; a model folder is shared
     try:
         fill(tmp)
         for path in tmp.iterdir():

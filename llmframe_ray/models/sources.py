@@ -41,11 +41,11 @@ def resolve_model(
     onnx_file: str | None = None,
 ) -> ModelSource:
     """A local model folder as is; a hub repo id downloaded (once) into `cache_dir`."""
-    path = Path(spec)
+    path = Path(spec).expanduser()
     if path.is_dir():
         return ModelSource(path, onnx_file, f"local folder {path}")
     text = str(spec)
-    if not REPO_ID.match(text) or text.startswith((".", "/", "~")):
+    if not REPO_ID.match(text):
         raise ModelError(
             f"reranker model {text!r} is neither an existing folder nor a hub repo id "
             "(owner/name)"
@@ -69,9 +69,9 @@ def download_from_hub(
         return ModelSource(target, onnx_file, origin)  # already downloaded: no network
     try:
         from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import RemoteEntryNotFoundError  # the file is not in the repo
     except ImportError as exc:
         raise ModelError(f"downloading {origin} needs huggingface_hub: pip install huggingface_hub") from exc
+    from huggingface_hub.errors import RemoteEntryNotFoundError  # the file is not in the repo
 
     endpoint = os.environ.get("HF_ENDPOINT") or None
     where = endpoint or "the Hugging Face hub"
@@ -96,17 +96,24 @@ def download_from_hub(
 
 def load_reranker(settings, spec: str | Path | None = None, precision: str | None = None):
     """The cross-encoder the settings name (or `spec`), resolved, downloaded once, and loaded."""
-    from llmframe_ray.models.cross_encoder import CrossEncoder
+    from llmframe_ray.errors import ModelError
+    from llmframe_ray.models.cross_encoder import CrossEncoder, Precision
 
+    precision = Precision.from_str(settings.reranker_precision if precision is None else precision)
     source = resolve_model(
         settings.reranker_model if spec is None else spec,
         cache_dir=settings.models_dir,
         revision=settings.reranker_revision,
         onnx_file=settings.reranker_onnx_file,
     )
+    if precision is Precision.INT8 and source.onnx_file is not None and settings.reranker_onnx_file is None:
+        raise ModelError(
+            f"int8 precision for {source.origin} needs its quantised ONNX file: set "
+            "LLMFRAME_RERANKER_ONNX_FILE to that file's path in the repo"
+        )
     return CrossEncoder(
         source.model_dir,
-        precision=settings.reranker_precision if precision is None else precision,
+        precision=precision,
         onnx_file=source.onnx_file,
         max_length=settings.reranker_max_length,
         batch_size=settings.reranker_batch_size,

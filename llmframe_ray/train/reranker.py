@@ -2,8 +2,9 @@
 
     judged (query, positive) pairs of one split
       + hard negatives: our own hybrid retrieval's top documents that are not judged relevant
-      -> the bundled MiniLM encoder reading "query [SEP] passage", mean-pooled (the pooling it was
-         trained with), and a new linear layer giving one logit
+      -> the bundled MiniLM encoder reading "[CLS] query [SEP] passage [SEP]" together; each
+         segment mean-pooled; logit = scale * cosine + a linear interaction term (see
+         `mean_pool_classifier`)
       -> listwise loss: softmax cross-entropy over [positive, negatives...] per group
       -> ONNX fp32 + dynamic int8, tokenizer, and a model card (reranker.json)
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 import sys
@@ -128,6 +130,9 @@ def train(
 
     if not groups:
         raise ValueError("no training groups: every judged query lacked positives or negatives")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD_FILE).is_file():
+        raise FileExistsError(f"{out_dir} exists and is not a reranker folder; refusing to overwrite it")
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.threads)
     source = bundled_minilm_path()
@@ -212,9 +217,16 @@ def train(
         }
         (tmp / CARD_FILE).write_text(json.dumps(full_card, indent=2) + "\n", encoding="utf-8")
 
-    if Path(out_dir).exists():
-        shutil.rmtree(out_dir)
-    write_folder(Path(out_dir), fill)
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        write_folder(out_dir, fill)
+        return report
+    # replace an earlier model only once the new one is complete
+    fresh = write_folder(out_dir.with_name(f".{out_dir.name}.new"), fill)
+    retired = out_dir.with_name(f".{out_dir.name}.old")
+    os.rename(out_dir, retired)
+    os.rename(fresh, out_dir)
+    shutil.rmtree(retired)
     return report
 
 

@@ -273,3 +273,21 @@ def test_trained_architecture_exports_faithfully(tmp_path):
     expected = torch_scores(model, reference_tokenizer(), PAIRS)
     got = CrossEncoder(tmp_path, max_length=MAX_LENGTH, batch_size=2).score_pairs(PAIRS)
     np.testing.assert_allclose(got, expected, atol=1e-4)
+
+
+def test_postprocess_heads():
+    assert CrossEncoder.postprocess(np.array([[1.5], [-2.0]])).tolist() == [1.5, -2.0]
+    # two classes: log-odds of "relevant", so [5, 6] and [0, 1] score the same
+    assert CrossEncoder.postprocess(np.array([[5.0, 6.0], [0.0, 1.0], [2.0, 0.0]])).tolist() == [1.0, 1.0, -2.0]
+    with pytest.raises(ModelError, match="must output 1 or 2 logits per pair, this one gives 3"):
+        CrossEncoder.postprocess(np.zeros((2, 3)))
+
+
+def test_int8_of_a_hub_model_needs_its_quantised_file(hub, tmp_path):
+    settings = load_settings(home=tmp_path, reranker_model="acme/tiny-reranker", reranker_precision="int8")
+    with pytest.raises(ModelError) as err:
+        load_reranker(settings)
+    assert str(err.value) == (
+        "int8 precision for hub repo acme/tiny-reranker@main needs its quantised ONNX file: "
+        "set LLMFRAME_RERANKER_ONNX_FILE to that file's path in the repo"
+    )
