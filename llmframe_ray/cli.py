@@ -50,6 +50,68 @@ def index_build(
         raise typer.Exit(1)
 
 
+@index_app.command("info")
+def index_info(
+    index: Path = typer.Argument(..., help="Index directory."),
+) -> None:
+    """Print the versions, shards, document and chunk counts, model and parameters."""
+    import json
+
+    from llmframe_ray.index.versions import IndexDirectory
+
+    directory = IndexDirectory(index)
+    current = directory.current_version()
+    versions = directory.versions()
+    if not versions:
+        _fail(f"no published version in {index}")
+    typer.echo(f"index {index}")
+    for version in versions:
+        info = directory.version_info(version)
+        mark = "*" if version == current else " "
+        typer.echo(f" {mark} {version}  created {info.get('created_at', '?')}  shards {info['shards']}"
+                   + (f"  documents {info['documents']}  chunks {info['chunks']}" if "documents" in info else ""))
+    loaded = directory.load()
+    typer.echo(f"served version {loaded.version} ({len(loaded.shards)} non-empty of {loaded.info['shards']} shards)")
+    for shard_id, shard in zip(loaded.shard_ids, loaded.shards):
+        counts = shard.manifest.counts
+        size = sum(f["bytes"] for f in shard.manifest.files.values())
+        typer.echo(f"  shard {shard_id}: {counts['documents']} documents, {counts['chunks']} chunks, {size / 2**20:.1f} MiB")
+    for shard_id in loaded.info.get("empty_shards", []):
+        typer.echo(f"  shard {shard_id}: empty")
+    manifest = loaded.shards[0].manifest
+    typer.echo("model: " + json.dumps(dict(manifest.model), sort_keys=True))
+    from llmframe_ray.index.manifest import _thaw
+
+    typer.echo("parameters: " + json.dumps(_thaw(manifest.parameters), sort_keys=True))
+    corpus = loaded.shards[0].sparse.corpus
+    if corpus is not None:
+        typer.echo(f"bm25 corpus statistics: {corpus['n_docs']} chunks, {corpus['n_tokens']} terms (shared by every shard)")
+
+
+@app.command()
+def ingest(
+    sources: Optional[List[str]] = typer.Argument(None, help="Files, folders, globs or JSONL / BEIR corpus files."),
+    index: Path = typer.Option(..., "--index", help="Index directory (versions are kept inside)."),
+    shards: Optional[int] = typer.Option(None, "--shards", min=1, max=4096, help="Shards of a new index (default 1; an existing index keeps its count)."),
+    delete: Optional[List[str]] = typer.Option(None, "--delete", help="Remove this document id; repeat for several."),
+) -> None:
+    """Ingest with the Ray Data job: upsert documents, delete ids, publish a new version.
+
+    Uses the Ray cluster at RAY_ADDRESS, or starts a local one. Exit status 0: published (or
+    nothing to change); 3: done, but some inputs were skipped (listed, and in ingest-report.json);
+    2: bad arguments or input; 1: the job failed (CURRENT still serves the previous version).
+    """
+    from llmframe_ray.batch.job import ingest as run_ingest, summary_lines
+
+    result = run_ingest(sources or [], index, _settings(), shards=shards, deletes=delete or [],
+                        log=lambda line: typer.echo(line, err=True))
+    for line in summary_lines(result):
+        typer.echo(line, err=True)
+    stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
+    typer.echo(f"{'published ' + result.version if result.version else 'no new version'} in {index} ({stages})")
+    raise typer.Exit(result.exit_code)
+
+
 @index_app.command("sample")
 def index_sample(
     out: Path = typer.Argument(..., help="Folder to write the sample corpus into."),
@@ -103,6 +165,7 @@ def eval_command(
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Model folder or hub repo id (default: LLMFRAME_RERANKER_MODEL)."),
     rerank_depth: Optional[int] = typer.Option(None, "--rerank-depth", min=1, max=1000, help="Candidates rescored (default: LLMFRAME_RERANKER_DEPTH, 50)."),
     precision: Optional[str] = typer.Option(None, "--reranker-precision", help="fp32 or int8 (default: LLMFRAME_RERANKER_PRECISION)."),
+    index: Optional[Path] = typer.Option(None, "--index", help="Evaluate this index directory (e.g. built by `ingest`) instead of the cached one-shard build."),
 ) -> None:
     """Score retrieval modes (nDCG@10, Recall@100) on the judged queries of a BEIR collection."""
     from llmframe_ray.config import load_settings
@@ -122,8 +185,11 @@ def eval_command(
         encoder = load_reranker(settings, reranker, precision)
         check_reranker_data(encoder.card, data)
     embedder = load_embedder(settings)
-    root = cached_index(data, settings, embedder, stderr_progress())
+    root = index if index is not None else cached_index(data, settings, embedder, stderr_progress())
     pipeline = Pipeline.open(root, settings, embedder, encoder)
+    indexed = sum(int(s.manifest.counts["documents"]) for s in pipeline.shards)
+    if index is not None and indexed != len(data.corpus):
+        typer.echo(f"warning: {index} holds {indexed} documents; the {data.name} corpus has {len(data.corpus)}", err=True)
     reports = evaluate(pipeline, data, modes, runs_dir)
     typer.echo(format_table(data, reports))
     if encoder is not None:

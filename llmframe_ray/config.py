@@ -117,6 +117,12 @@ class Settings(BaseSettings):
     reranker_batch_size: int = Field(32, ge=1, le=1024, validation_alias=_env("RERANKER_BATCH_SIZE"))
     reranker_max_length: int | None = Field(None, ge=8, le=512, validation_alias=_env("RERANKER_MAX_LENGTH"))
 
+    # Ingestion job (Ray Data)
+    ingest_batch_size: int = Field(256, ge=1, le=65536, validation_alias=_env("INGEST_BATCH_SIZE"))
+    ingest_cpus_per_actor: int = Field(2, ge=1, le=256, validation_alias=_env("INGEST_CPUS_PER_ACTOR"))
+    ingest_embed_actors: int | None = Field(None, ge=1, le=1024, validation_alias=_env("INGEST_EMBED_ACTORS"))
+    index_retention: int = Field(3, ge=1, le=1000, validation_alias=_env("INDEX_RETENTION"))
+
     @field_validator("bm25_stemmer", "bm25_stopwords", mode="before")
     @classmethod
     def _none_word(cls, value: Any) -> Any:

@@ -131,11 +131,9 @@ class Pipeline:
         depth = wanted if mode is not SearchMode.HYBRID else max(wanted, self.settings.fusion_depth)
         per_ranker: dict[str, list[Candidates]] = {}
         if mode in (SearchMode.BM25, SearchMode.HYBRID):
-            if len(self.shards) > 1:
-                raise IndexLoadError(
-                    "BM25 over several shards needs corpus-wide statistics, which this index "
-                    "format does not store yet; use mode 'dense' or a single-shard index"
-                )
+            problem = bm25_consistency_problem(self.shards)
+            if problem is not None:
+                raise IndexLoadError(problem)
             per_ranker[BM25] = self._candidates(
                 BM25, lambda shard, rows, k: shard.search_sparse([checked[i] for i in rows], k),
                 len(checked), depth, level,
@@ -248,6 +246,25 @@ class Pipeline:
             rank=rank,
             ranks=ranks,
         )
+
+
+def bm25_consistency_problem(shards: Sequence[IndexShard]) -> str | None:
+    """Why BM25 scores of these shards cannot be merged into one ranking (None when they can).
+
+    Shards rank like one index only if each was scored with the statistics of all of them
+    together (see SparseIndex.build): the same recorded corpus, whose size is theirs combined.
+    """
+    if len(shards) == 1:
+        return None
+    recorded = [shard.sparse.corpus for shard in shards]
+    total = {"n_docs": sum(len(s) for s in shards), "n_tokens": sum(s.sparse.n_tokens for s in shards)}
+    if any(r is None or dict(r) != total for r in recorded):
+        return (
+            f"BM25 over these {len(shards)} shards would rank differently from one index: their "
+            "scores were not computed with corpus-wide statistics (rebuild the index with "
+            "`llmframe-ray ingest`), so use mode 'dense'"
+        )
+    return None
 
 
 def _check_model(model: dict, embedder: Embedder) -> None:

@@ -15,7 +15,7 @@ import math
 import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import faiss
 import numpy as np
@@ -136,6 +136,20 @@ class DenseIndex:
     @property
     def dim(self) -> int:
         return int(self._index.d)
+
+    def vectors(self, rows: Sequence[int]) -> np.ndarray:
+        """The stored vectors of `rows` (n, dim) float32, exactly as they were added (every kind
+        this module builds stores full vectors: flat, HNSW's flat storage, IVF's lists)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"rows must be in [0, {len(self)}), got {rows.min()}..{rows.max()}")
+        if self.params.kind is DenseIndexKind.IVF:
+            ivf = faiss.extract_index_ivf(self._index)
+            ivf.make_direct_map()  # row -> (list, offset); built on demand, not stored
+        out = np.empty((len(rows), self.dim), dtype=np.float32)
+        for i, row in enumerate(rows.tolist()):
+            out[i] = self._index.reconstruct(row)
+        return out
 
     def __len__(self) -> int:
         return int(self._index.ntotal)

@@ -25,7 +25,7 @@ from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.index import atomic
 from llmframe_ray.index.dense import DenseIndex, DenseParams
 from llmframe_ray.index.manifest import MANIFEST_NAME, Manifest, describe_file
-from llmframe_ray.index.sparse import SparseIndex, SparseParams
+from llmframe_ray.index.sparse import CorpusStats, SparseIndex, SparseParams
 from llmframe_ray.index.store import ChunkStore
 from llmframe_ray.types import Chunk
 
@@ -100,11 +100,13 @@ class IndexShard:
         sparse: SparseParams,
         model: Mapping[str, Any],
         chunking: Mapping[str, Any],
+        corpus: CorpusStats | None = None,
     ) -> IndexShard:
         """Index `chunks`; `embeddings[i]` is the vector of `chunks[i]`.
 
         `model` describes the embedder: name, provider, dim, max_length. BM25 indexes each
-        chunk's `indexed_text` (title and text). Rows are stored in (doc_id, position) order
+        chunk's `indexed_text` (title and text), with the statistics of `corpus` when the shard
+        is one of several (see SparseIndex.build). Rows are stored in (doc_id, position) order
         whatever the input order, so "lower row first" breaks ties the same way in any shard
         layout, and a document's chunks sit next to each other.
         """
@@ -114,7 +116,7 @@ class IndexShard:
             chunks = [chunks[i] for i in order]
             embeddings = np.ascontiguousarray(np.asarray(embeddings)[order])
         dense_index = DenseIndex.build(embeddings, dense)
-        sparse_index = SparseIndex.build([c.indexed_text for c in chunks], sparse)
+        sparse_index = SparseIndex.build([c.indexed_text for c in chunks], sparse, corpus)
         store = ChunkStore.from_chunks(chunks)
         manifest = Manifest(
             model=dict(model),
@@ -150,6 +152,44 @@ class IndexShard:
             atomic.fsync_dir(tmp)
             if path.exists():
                 raise FileExistsError(f"{path} appeared while the shard was being written")
+            os.rename(tmp, path)
+        except Exception:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        atomic.fsync_dir(path.parent)
+        return manifest
+
+    @classmethod
+    def relink(cls, source: str | Path, path: str | Path, corpus: CorpusStats) -> Manifest:
+        """Write the shard at `source` to the new directory `path` with its BM25 part rescored
+        for `corpus`: the dense index and chunk store are hard links to `source`'s files (no
+        copy; `source` must be on the same file system), the sparse index is rebuilt from the
+        stored texts. Returns the new manifest. Used to carry an unchanged shard into a new
+        version whose corpus-wide statistics changed."""
+        source, path = Path(source), Path(path)
+        old = cls.load(source, mmap=True)
+        if path.exists():
+            raise FileExistsError(f"{path} already exists; a shard is written once, to a new path")
+        sparse = SparseIndex.build([c.indexed_text for c in old.store], old.sparse.params, corpus)
+        tmp = atomic.temp_sibling(path)
+        tmp.mkdir()
+        try:
+            linked = {
+                name: entry for name, entry in old.manifest.files.items()
+                if not name.startswith(f"{SPARSE_DIR}/")
+            }
+            for name in linked:
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                os.link(source / name, tmp / name)
+            sparse.save(tmp / SPARSE_DIR)
+            atomic.fsync_tree(tmp)
+            files = {**{k: dict(v) for k, v in linked.items()}, **{
+                f"{SPARSE_DIR}/{k}": v for k, v in _describe_files(tmp / SPARSE_DIR).items()
+            }}
+            parameters = {**{k: v for k, v in old.manifest.parameters.items()}, "sparse": sparse.params.to_dict()}
+            manifest = replace(old.manifest, parameters=parameters, files=dict(sorted(files.items())))
+            manifest.save(tmp / MANIFEST_NAME)
+            atomic.fsync_dir(tmp)
             os.rename(tmp, path)
         except Exception:
             shutil.rmtree(tmp, ignore_errors=True)

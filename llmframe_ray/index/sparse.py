@@ -173,15 +173,34 @@ class SparseIndex:
     """BM25 over a list of texts; row i is `texts[i]`."""
 
     def __init__(
-        self, bm25: bm25s.BM25, analyzer: Analyzer, params: SparseParams, doc_lengths: np.ndarray
+        self,
+        bm25: bm25s.BM25,
+        analyzer: Analyzer,
+        params: SparseParams,
+        doc_lengths: np.ndarray,
+        corpus: Mapping[str, int] | None = None,
     ) -> None:
         self._bm25 = bm25
         self.analyzer = analyzer
         self.params = params
         self._doc_lengths = doc_lengths
+        # {"n_docs", "n_tokens"} of the corpus the scores were computed for (None: written by
+        # a release that scored every shard with its own statistics)
+        self.corpus = MappingProxyType(dict(corpus)) if corpus is not None else None
+
+    @property
+    def corpus_wide(self) -> bool:
+        """True when the scores use statistics of a corpus larger than this index."""
+        return self.corpus is not None and self.corpus["n_docs"] != len(self)
 
     @classmethod
-    def build(cls, texts: Sequence[str], params: SparseParams) -> SparseIndex:
+    def build(
+        cls, texts: Sequence[str], params: SparseParams, corpus: CorpusStats | None = None
+    ) -> SparseIndex:
+        """Index `texts`. BM25's corpus statistics (document frequencies, document count, average
+        length) are the texts' own, or `corpus`'s: the statistics of the whole corpus when the
+        texts are one shard of it. Every shard scored with the same `corpus` ranks exactly as one
+        index over all the texts would (see `corpus_wide`)."""
         if len(texts) == 0:
             raise ValueError("cannot build a sparse index from zero texts")
         analyzer = Analyzer(params.stemmer, _stopword_list(params.stopwords))
@@ -189,13 +208,26 @@ class SparseIndex:
         corpus_ids = []
         for text in texts:
             corpus_ids.append([vocab.setdefault(t, len(vocab)) for t in analyzer.terms(text)])
-        bm25 = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
-        bm25.index((corpus_ids, vocab), create_empty_token=False, show_progress=False)
         lengths = np.array([len(ids) for ids in corpus_ids], dtype=np.int64)
-        return cls(bm25, analyzer, params, lengths)
+        own = _own_stats(corpus_ids, vocab, lengths)
+        if corpus is None:
+            corpus = own
+        else:
+            _check_covers(corpus, own)
+        bm25 = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
+        bm25.scores = _lucene_matrix(corpus_ids, vocab, lengths, corpus, params)
+        bm25.vocab_dict = vocab
+        bm25.unique_token_ids_set = set(vocab.values())
+        bm25.nonoccurrence_array = None  # Lucene BM25 scores only the terms a document holds
+        return cls(bm25, analyzer, params, lengths, corpus_info(corpus))
 
     def __len__(self) -> int:
         return int(self._bm25.scores["num_docs"])
+
+    @property
+    def n_tokens(self) -> int:
+        """Total length of the indexed texts, in analysed terms."""
+        return int(np.sum(self._doc_lengths))
 
     def term_ids(self, query: str) -> list[int]:
         """The query's terms that occur in the corpus, as vocabulary ids (repeats kept)."""
@@ -243,7 +275,11 @@ class SparseIndex:
         atomic.write_array(directory / _LENGTHS_FILE, np.asarray(self._doc_lengths))
         atomic.write_json(
             directory / _ANALYZER_FILE,
-            {"analyzer": self.analyzer.to_dict(), "params": self.params.to_dict()},
+            {
+                "analyzer": self.analyzer.to_dict(),
+                "params": self.params.to_dict(),
+                "corpus": dict(self.corpus) if self.corpus is not None else None,
+            },
         )
 
     @classmethod
@@ -255,4 +291,59 @@ class SparseIndex:
         params = SparseParams.from_dict(saved["params"])
         bm25 = bm25s.BM25.load(directory, mmap=mmap, load_corpus=False, show_progress=False)
         lengths = np.load(directory / _LENGTHS_FILE, mmap_mode="r" if mmap else None)
-        return cls(bm25, analyzer, params, lengths)
+        return cls(bm25, analyzer, params, lengths, saved.get("corpus"))
+
+
+def corpus_info(stats: CorpusStats) -> dict[str, int]:
+    return {"n_docs": stats.n_docs, "n_tokens": stats.n_tokens}
+
+
+def _own_stats(corpus_ids: list[list[int]], vocab: dict[str, int], lengths: np.ndarray) -> CorpusStats:
+    counts = np.zeros(len(vocab), dtype=np.int64)
+    for ids in corpus_ids:
+        counts[np.unique(np.asarray(ids, dtype=np.int64))] += 1
+    return CorpusStats(len(corpus_ids), int(lengths.sum()), dict(zip(vocab, counts.tolist())))
+
+
+def _check_covers(corpus: CorpusStats, own: CorpusStats) -> None:
+    """`corpus` must include the texts being indexed (a superset of their statistics)."""
+    if corpus.n_docs < own.n_docs or corpus.n_tokens < own.n_tokens:
+        raise ValueError(
+            f"corpus statistics ({corpus.n_docs} documents, {corpus.n_tokens} terms) do not include "
+            f"these texts ({own.n_docs} documents, {own.n_tokens} terms)"
+        )
+    for term, df in own.doc_freqs.items():
+        if corpus.doc_freqs.get(term, 0) < df:
+            raise ValueError(
+                f"corpus statistics give term {term!r} a document frequency of "
+                f"{corpus.doc_freqs.get(term, 0)}, below its {df} in these texts"
+            )
+
+
+def _lucene_matrix(
+    corpus_ids: list[list[int]],
+    vocab: dict[str, int],
+    lengths: np.ndarray,
+    corpus: CorpusStats,
+    params: SparseParams,
+) -> dict[str, Any]:
+    """bm25s's eager score matrix (CSC: one column per term) with Lucene BM25 computed from
+    `corpus`'s statistics: idf = ln(1 + (N - df + 0.5) / (df + 0.5)), tf saturation with
+    the corpus average length. Each entry depends only on its own (tf, length, df, N, avg),
+    so the same text gets the same entries in any shard layout."""
+    import scipy.sparse as sp
+
+    n_docs, n_vocab = len(corpus_ids), len(vocab)
+    rows = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
+    cols = np.fromiter((t for ids in corpus_ids for t in ids), dtype=np.int64, count=int(lengths.sum()))
+    pairs, tf = np.unique(rows * max(n_vocab, 1) + cols, return_counts=True)
+    rows, cols = pairs // max(n_vocab, 1), pairs % max(n_vocab, 1)
+    df = np.zeros(n_vocab, dtype=np.float64)
+    for term, tid in vocab.items():
+        df[tid] = corpus.doc_freqs[term]
+    idf = np.log(1.0 + (corpus.n_docs - df + 0.5) / (df + 0.5))
+    norm = params.k1 * (1.0 - params.b + params.b * lengths / corpus.avg_doc_length)
+    tf = tf.astype(np.float64)
+    values = (idf[cols] * tf / (tf + norm[rows])).astype(np.float32)
+    matrix = sp.csc_matrix((values, (rows, cols)), shape=(n_docs, n_vocab), dtype=np.float32)
+    return {"data": matrix.data, "indices": matrix.indices, "indptr": matrix.indptr, "num_docs": n_docs}

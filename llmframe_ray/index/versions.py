@@ -2,12 +2,15 @@
 
     root/
       CURRENT                        the served version id, one line
+      .lock                          held by the one process writing versions (see `writer_lock`)
       versions/<version_id>/
-        version.json                 {"version", "shards", "created_at"}; written last
-        shard-0000/ shard-0001/ ...  IndexShard directories
+        version.json                 {"version", "shards", "empty_shards", "created_at", ...};
+                                     written last
+        shard-0000/ shard-0001/ ...  IndexShard directories (none for a shard left empty)
 
-`publish` writes a new version under a temporary name, renames it into place, and only then
-switches CURRENT atomically. A crash at any point leaves CURRENT naming the previous version,
+`publish` (in-process) and `stage` + `commit` (shards written by other processes, e.g. the
+Ray ingestion job) write a new version under a temporary name, verify it, rename it into place,
+and only then switch CURRENT atomically. A crash at any point leaves CURRENT naming the previous version,
 which is untouched. A crash before the rename leaves a temporary name, ignored by `load` and
 deleted by `remove_incomplete`; a crash between the rename and the CURRENT switch leaves a
 complete version that is listed by `versions()` but not served (publishing again serves a newer
@@ -16,6 +19,8 @@ one; retention of old versions is the ingestion job's concern).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -24,9 +29,9 @@ import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-from llmframe_ray.errors import IndexLoadError
+from llmframe_ray.errors import IndexLoadError, LLMFrameError
 from llmframe_ray.index import atomic
 from llmframe_ray.index.manifest import utc_now
 from llmframe_ray.index.shard import IndexShard
@@ -34,6 +39,7 @@ from llmframe_ray.index.shard import IndexShard
 VERSIONS_DIR = "versions"
 CURRENT_FILE = "CURRENT"
 VERSION_FILE = "version.json"
+LOCK_FILE = ".lock"
 BUILD_HINT = "build one with `llmframe-ray index build`"
 
 _VERSION_ID = re.compile(r"^\d{8}T\d{12}Z-[0-9a-f]{6}$")
@@ -51,13 +57,19 @@ def shard_dir_name(index: int) -> str:
     return f"shard-{index:04d}"
 
 
+class IndexBusyError(LLMFrameError):
+    """Another process is writing versions of the same index directory."""
+
+
 @dataclass(frozen=True)
 class LoadedIndex:
-    """The shards of one version, opened."""
+    """The non-empty shards of one version, opened; `shard_ids[i]` is `shards[i]`'s number."""
 
     version: str
     path: Path
     shards: tuple[IndexShard, ...]
+    shard_ids: tuple[int, ...] = ()
+    info: Mapping[str, Any] | None = None
 
 
 class IndexDirectory:
@@ -93,6 +105,17 @@ class IndexDirectory:
         """Write `shards` as a new version, make it the served one, and return its id."""
         if len(shards) == 0:
             raise ValueError("cannot publish a version with zero shards")
+        version, tmp = self.stage()
+        try:
+            for i, shard in enumerate(shards):
+                shard.save(tmp / shard_dir_name(i))
+        except Exception:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return self.commit(version, tmp, len(shards))
+
+    def stage(self) -> tuple[str, Path]:
+        """A new version id and the empty temporary folder its shards are written into."""
         self.versions_dir.mkdir(parents=True, exist_ok=True)
         atomic.fsync_dir(self.root)
         version = new_version_id()
@@ -102,22 +125,92 @@ class IndexDirectory:
             raise RuntimeError(
                 f"new version id {version} does not sort after {newest}; is the clock behind?"
             )
-        final = self.versions_dir / version
-        tmp = atomic.temp_sibling(final)
+        tmp = atomic.temp_sibling(self.versions_dir / version)
         tmp.mkdir()
+        return version, tmp
+
+    def commit(
+        self,
+        version: str,
+        tmp: Path,
+        n_shards: int,
+        info: Mapping[str, Any] | None = None,
+        *,
+        verify: bool = False,
+    ) -> str:
+        """Check the staged folder `tmp` (every shard present, or listed as empty, and loadable;
+        with `verify` every file's SHA-256 too), write version.json, rename it into place and
+        switch CURRENT. On a failed check the folder is removed and nothing is published."""
         try:
-            for i, shard in enumerate(shards):
-                shard.save(tmp / shard_dir_name(i))
-            info = {"version": version, "shards": len(shards), "created_at": utc_now()}
-            atomic.write_json(tmp / VERSION_FILE, info)
+            present = [i for i in range(n_shards) if (tmp / shard_dir_name(i)).is_dir()]
+            if not present:
+                raise IndexLoadError("cannot publish a version whose shards are all empty")
+            for i in present:
+                IndexShard.load(tmp / shard_dir_name(i), mmap=True, verify=verify)
+            empty = [i for i in range(n_shards) if i not in present]
+            record = {
+                **dict(info or {}),
+                "version": version,
+                "shards": n_shards,
+                "empty_shards": empty,
+                "created_at": utc_now(),
+            }
+            atomic.write_json(tmp / VERSION_FILE, record)
             atomic.fsync_dir(tmp)
-            os.rename(tmp, final)
+            os.rename(tmp, self.versions_dir / version)
         except Exception:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         atomic.fsync_dir(self.versions_dir)
         atomic.write_bytes(self.root / CURRENT_FILE, f"{version}\n".encode("ascii"))
         return version
+
+    def version_info(self, version: str) -> dict[str, Any]:
+        """The version.json of a complete version."""
+        path = self.versions_dir / version / VERSION_FILE
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+            int(info["shards"])
+        except FileNotFoundError:
+            raise IndexLoadError(
+                f"version {version} in {self.root} is incomplete ({VERSION_FILE} is missing)"
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise IndexLoadError(f"{path} is unreadable: {exc}") from None
+        return info
+
+    def prune(self, keep: int) -> list[str]:
+        """Delete complete versions older than the newest `keep`, never the served one.
+
+        Files shared with newer versions through hard links stay readable there.
+        """
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        current = self.current_version()
+        versions = self.versions()
+        doomed = [v for v in versions[: max(0, len(versions) - keep)] if v != current]
+        for version in doomed:
+            shutil.rmtree(self.versions_dir / version)
+        if doomed:
+            atomic.fsync_dir(self.versions_dir)
+        return doomed
+
+    @contextlib.contextmanager
+    def writer_lock(self) -> Iterator[None]:
+        """Hold the directory's writer lock (an advisory `flock`, released if the process dies)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle = open(self.root / LOCK_FILE, "a+")
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise IndexBusyError(
+                    f"another process is writing {self.root} (it holds {self.root / LOCK_FILE}); "
+                    "wait for it to finish"
+                ) from None
+            yield
+        finally:
+            handle.close()
 
     def load(
         self, version: str | None = None, *, mmap: bool = True, verify: bool = False
@@ -134,20 +227,13 @@ class IndexDirectory:
         path = self.versions_dir / version
         if not _VERSION_ID.match(version) or not path.is_dir():
             raise IndexLoadError(f"{named_by} does not exist in {self.versions_dir}")
-        try:
-            info = json.loads((path / VERSION_FILE).read_text(encoding="utf-8"))
-            n_shards = int(info["shards"])
-        except FileNotFoundError:
-            raise IndexLoadError(
-                f"version {version} in {self.root} is incomplete ({VERSION_FILE} is missing)"
-            ) from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise IndexLoadError(f"{path / VERSION_FILE} is unreadable: {exc}") from None
+        info = self.version_info(version)
+        empty = set(info.get("empty_shards", []))
+        ids = tuple(i for i in range(int(info["shards"])) if i not in empty)
         shards = tuple(
-            IndexShard.load(path / shard_dir_name(i), mmap=mmap, verify=verify)
-            for i in range(n_shards)
+            IndexShard.load(path / shard_dir_name(i), mmap=mmap, verify=verify) for i in ids
         )
-        return LoadedIndex(version=version, path=path, shards=shards)
+        return LoadedIndex(version=version, path=path, shards=shards, shard_ids=ids, info=info)
 
     def remove_incomplete(self) -> list[Path]:
         """Delete what interrupted publishes left behind; return the removed paths.

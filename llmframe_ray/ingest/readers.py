@@ -93,6 +93,26 @@ def iter_documents(
     return _iter_files(files, errors)
 
 
+def resolve_sources(sources: Iterable[str | Path]) -> list[tuple[Path, str]]:
+    """(path, doc_id) of every file the sources name, in a fixed order, each file once.
+
+    Raises DocumentReadError for a source that is neither a file, a folder nor a glob with
+    matches, before any file is read.
+    """
+    return _resolve_sources(sources)
+
+
+def read_file_records(path: Path, doc_id: str) -> Iterator[_Record]:
+    """(path, line number, Document or DocumentReadError) for one resolved file: one record for
+    a text/Markdown/HTML/PDF file (line 0), one per non-blank line of a JSON Lines corpus."""
+    if path.suffix.lower() == JSONL_SUFFIX:
+        return _jsonl_records(path)
+    try:
+        return iter([(path, 0, read_document(path, doc_id=doc_id))])
+    except DocumentReadError as exc:
+        return iter([(path, 0, exc)])
+
+
 def _resolve_sources(sources: Iterable[str | Path]) -> list[tuple[Path, str]]:
     files: dict[Path, tuple[Path, str]] = {}
     for source in sources:
@@ -130,14 +150,7 @@ def _iter_files(
 ) -> Iterator[Document]:
     first_seen: dict[str, str] = {}
     for path, doc_id in files:
-        if path.suffix.lower() == JSONL_SUFFIX:
-            records = _jsonl_records(path)
-        else:
-            try:
-                records = iter([(path, 0, read_document(path, doc_id=doc_id))])
-            except DocumentReadError as exc:
-                records = iter([(path, 0, exc)])
-        for item in _unique(records, first_seen):
+        for item in _unique(read_file_records(path, doc_id), first_seen):
             if isinstance(item, Document):
                 yield item
             elif errors is None:

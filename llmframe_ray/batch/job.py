@@ -1,0 +1,377 @@
+"""`llmframe-ray ingest` / `jobs/ingest.py`: sources -> a new version of a sharded index, on Ray.
+
+    resolve sources (a missing one is an error before any work)
+    -> Ray Data: read (flat_map) -> chunk (actor pool)          [materialised]
+    -> plan on the driver: dedupe ids, compare fingerprints with the served version
+    -> Ray Data: embed what is new (actor pool; vectors go to staging files)
+    -> Ray tasks: collect changed shards -> corpus-wide BM25 statistics -> finish / carry shards
+    -> verify every shard, write version.json, switch CURRENT; prune old versions
+
+Uses the Ray cluster at RAY_ADDRESS when set, else starts a local one sized to this machine.
+The index directory must be on storage every Ray node can reach (one machine, or a shared
+file system). One run per index directory at a time (a lock file enforces it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from llmframe_ray.config import Settings
+from llmframe_ray.errors import LLMFrameError
+from llmframe_ray.index import atomic
+from llmframe_ray.index.sparse import CorpusStats, SparseParams, corpus_info
+from llmframe_ray.index.store import ChunkStore
+from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
+from llmframe_ray.indexing import check_build_settings, chunking_params
+from llmframe_ray.ingest.readers import resolve_sources
+from llmframe_ray.models.embedder import load_embedder
+from llmframe_ray.batch.plan import Plan, PlanError, make_plan, stored_fingerprints
+from llmframe_ray.batch.staging import Staging, staging_key
+
+REPORT_FILE = "ingest-report.json"
+PARTS_DIR = "parts"
+EXIT_OK, EXIT_SKIPPED = 0, 3
+
+Log = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Skipped:
+    path: str
+    line: int
+    reason: str
+
+    def describe(self) -> str:
+        where = f"{self.path} line {self.line}" if self.line else self.path
+        return f"{where}: {self.reason}"
+
+
+@dataclass
+class IngestResult:
+    index_dir: Path
+    version: str | None  # None: nothing changed, CURRENT left as it was
+    plan: Plan | None
+    skipped: list[Skipped] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    chunks_embedded: int = 0
+    chunks_read: int = 0
+    shard_counts: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_SKIPPED if self.skipped else EXIT_OK
+
+    def report(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "version": self.version,
+            "documents": {
+                "added": len(plan.added) if plan else 0,
+                "replaced": len(plan.replaced) if plan else 0,
+                "unchanged": len(plan.unchanged) if plan else 0,
+                "deleted": list(plan.deleted) if plan else [],
+                "delete_not_found": list(plan.not_found) if plan else [],
+            },
+            "changed_shards": plan.changed_shards if plan else [],
+            "chunks_read": self.chunks_read,
+            "chunks_embedded": self.chunks_embedded,
+            "shards": {str(k): v for k, v in sorted(self.shard_counts.items())},
+            "skipped": [{"path": s.path, "line": s.line, "reason": s.reason} for s in self.skipped],
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+        }
+
+
+@contextlib.contextmanager
+def ray_session(settings: Settings) -> Iterator[None]:
+    """Connect to RAY_ADDRESS, or start a local Ray with this machine's CPUs; stop what we start."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=settings.threads, include_dashboard=False, log_to_driver=True)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def ingest(
+    sources: Sequence[str | Path],
+    index_dir: str | Path,
+    settings: Settings,
+    *,
+    shards: int | None = None,
+    deletes: Sequence[str] = (),
+    log: Log = _stderr,
+) -> IngestResult:
+    """Run one ingestion into `index_dir` (see the module docstring)."""
+    files = resolve_sources(sources) if sources else []
+    if not files and not deletes:
+        raise PlanError("nothing to do: give at least one source or --delete DOC_ID")
+    embedder = load_embedder(settings)
+    check_build_settings(settings, embedder)
+    model, chunking = embedder.info(), chunking_params(settings)
+    directory = IndexDirectory(index_dir)
+    with directory.writer_lock():
+        removed = directory.remove_incomplete()
+        if removed:
+            log(f"removed {len(removed)} leftover(s) of an interrupted run")
+        previous = directory.load() if directory.current_version() is not None else None
+        n_shards = _shard_count(previous, shards)
+        if previous is not None:
+            _check_compatible(previous, model, chunking, settings)
+        staging = Staging(directory.root, staging_key(model, chunking))
+        with ray_session(settings):
+            result = _run(files, directory, previous, n_shards, list(deletes), settings, model, staging, log)
+        if result.version is not None or not (result.plan and result.plan.changes_anything):
+            staging.clear()
+        atomic.write_json(directory.root / REPORT_FILE, result.report())
+        pruned = directory.prune(settings.index_retention)
+        if pruned:
+            log(f"pruned {len(pruned)} old version(s) (keeping {settings.index_retention})")
+    return result
+
+
+def _shard_count(previous, shards: int | None) -> int:
+    if previous is None:
+        return shards if shards is not None else 1
+    existing = int(previous.info["shards"]) if previous.info else len(previous.shards)
+    if shards is not None and shards != existing:
+        raise PlanError(
+            f"the index has {existing} shards; ingest into it with --shards {existing}, "
+            "or build a new index directory to change the shard count"
+        )
+    return existing
+
+
+def _check_compatible(previous, model: dict, chunking: dict, settings: Settings) -> None:
+    manifest = previous.shards[0].manifest
+    old_model = {k: manifest.model.get(k) for k in ("name", "dim", "max_length")}
+    new_model = {k: model.get(k) for k in ("name", "dim", "max_length")}
+    if old_model != new_model:
+        raise PlanError(f"the index was built with model {old_model}, these settings give {new_model}; use a new index directory")
+    old_chunking = dict(manifest.parameters.get("chunking", {}))
+    if old_chunking != chunking:
+        raise PlanError(f"the index was chunked with {old_chunking}, these settings give {chunking}; use a new index directory")
+    old_sparse = dict(manifest.parameters.get("sparse", {}))
+    if old_sparse and old_sparse != SparseParams.from_settings(settings).to_dict():
+        raise PlanError(f"the index's BM25 settings are {old_sparse}; these settings differ; use a new index directory")
+
+
+def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: list[str], settings: Settings,
+         model: dict, staging: Staging, log: Log) -> IngestResult:
+    import ray
+
+    result = IngestResult(directory.root, None, None)
+    clock = time.perf_counter()
+
+    rows = _read_and_chunk(files, n_shards, settings) if files else None
+    meta = _collect_meta(rows) if rows is not None else []
+    incoming, fresh_chunks, skipped = _dedupe(meta)
+    result.skipped = skipped
+    result.chunks_read = sum(len(v) for v in fresh_chunks.values())
+    result.seconds["read+chunk"] = time.perf_counter() - clock
+    log(f"read {len(incoming)} documents ({result.chunks_read} chunks) from {len(files)} files; "
+        f"{len(skipped)} skipped")
+
+    old_fps = None
+    if previous is not None:
+        old_fps = [{} for _ in range(n_shards)]
+        for shard_id, shard in zip(previous.shard_ids, previous.shards):
+            old_fps[shard_id] = stored_fingerprints(shard.store)
+    plan = make_plan(n_shards, old_fps, incoming, deletes)
+    result.plan = plan
+    log(f"plan: {len(plan.added)} added, {len(plan.replaced)} replaced, {len(plan.unchanged)} unchanged, "
+        f"{len(plan.deleted)} deleted; shards to rebuild: {plan.changed_shards or 'none'}")
+    for doc in plan.not_found:
+        log(f"--delete {doc}: not in the index")
+    if not plan.changes_anything:
+        log("nothing changed; CURRENT stays " + str(previous.version if previous else None))
+        return result
+
+    clock = time.perf_counter()
+    wanted_fps = {fp for doc in plan.fresh for fp in fresh_chunks[doc]}
+    needed = frozenset(wanted_fps - staging.fingerprints())
+    if needed:
+        result.chunks_embedded = _embed(rows, needed, settings, directory, staging)
+    result.seconds["embed"] = time.perf_counter() - clock
+    log(f"embedded {result.chunks_embedded} chunks ({len(wanted_fps) - len(needed)} already staged)")
+
+    clock = time.perf_counter()
+    version, tmp = directory.stage()
+    old_dirs = {}
+    if previous is not None:
+        old_dirs = {i: str(previous.path / shard_dir_name(i)) for i in previous.shard_ids}
+    sparse = SparseParams.from_settings(settings)
+    collect = ray.remote(num_cpus=1)(_collect_task)
+    stats_of = ray.remote(num_cpus=1)(_stats_task)
+    pending = {}
+    for sp in plan.shards:
+        if sp.changed:
+            fps = [fp for doc in sorted(sp.fresh) for fp in fresh_chunks[doc]]
+            pending[sp.shard] = collect.remote(sp, old_dirs.get(sp.shard), staging, fps,
+                                               str(tmp / PARTS_DIR / shard_dir_name(sp.shard)), sparse)
+        elif sp.shard in old_dirs:
+            pending[sp.shard] = stats_of.remote(old_dirs[sp.shard])
+    stats = dict(zip(pending, ray.get(list(pending.values()))))
+    corpus = CorpusStats.merge([s for s in stats.values() if s.n_docs])
+    finish = ray.remote(num_cpus=1)(_finish_task)
+    carry = ray.remote(num_cpus=1)(_carry_task)
+    built = {}
+    for sp in plan.shards:
+        if stats.get(sp.shard) is None or stats[sp.shard].n_docs == 0:
+            continue  # an empty shard: no folder
+        target = str(tmp / shard_dir_name(sp.shard))
+        if sp.changed:
+            built[sp.shard] = finish.remote(str(tmp / PARTS_DIR / shard_dir_name(sp.shard)), target, corpus, settings, model)
+        else:
+            built[sp.shard] = carry.remote(old_dirs[sp.shard], target, corpus)
+    result.shard_counts = dict(zip(built, ray.get(list(built.values()))))
+    result.seconds["build"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    import shutil
+
+    shutil.rmtree(tmp / PARTS_DIR, ignore_errors=True)
+    result.version = version
+    atomic.write_json(tmp / REPORT_FILE, result.report())
+    info = {
+        "documents": sum(c["documents"] for c in result.shard_counts.values()),
+        "chunks": sum(c["chunks"] for c in result.shard_counts.values()),
+        "bm25_corpus": corpus_info(corpus),
+        "skipped": len(result.skipped),
+        "previous": previous.version if previous else None,
+    }
+    try:
+        directory.commit(version, tmp, n_shards, info, verify=True)
+    except Exception:
+        result.version = None
+        raise
+    result.seconds["publish"] = time.perf_counter() - clock
+    log(f"published version {version}: {info['documents']} documents, {info['chunks']} chunks in {n_shards} shards")
+    return result
+
+
+def _read_and_chunk(files, n_shards: int, settings: Settings):
+    import ray
+
+    from llmframe_ray.batch.stages import ChunkDocuments, read_file
+
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    items = [{"file_no": i, "path": str(path), "doc_id": doc_id} for i, (path, doc_id) in enumerate(files)]
+    ds = ray.data.from_items(items, override_num_blocks=min(len(items), 4 * cpus))
+    ds = ds.flat_map(read_file, num_cpus=1)
+    ds = ds.map_batches(
+        ChunkDocuments, fn_constructor_args=(settings, n_shards), batch_size=64,
+        batch_format="numpy", concurrency=(1, cpus), num_cpus=1,
+    )
+    return ds.materialize()
+
+
+def _collect_meta(rows) -> list[dict[str, Any]]:
+    columns = ["file_no", "line", "path", "doc_id", "error", "shard", "doc_fp", "chunk_fp", "position"]
+    out = []
+    for batch in rows.select_columns(columns).iter_batches(batch_format="numpy", batch_size=4096):
+        for values in zip(*(batch[c] for c in columns)):
+            out.append(dict(zip(columns, values)))
+    return out
+
+
+def _dedupe(meta: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, list[str]], list[Skipped]]:
+    """incoming doc fingerprints, each document's chunk fingerprints in order, skipped inputs.
+
+    A document id seen twice keeps its first occurrence (file order, then line)."""
+    skipped: dict[tuple[int, int, str], Skipped] = {}
+    first: dict[str, tuple[int, int, str]] = {}
+    chunks: dict[tuple[int, int], list[tuple[int, str]]] = {}
+    fps: dict[tuple[int, int], str] = {}
+    for row in meta:
+        where = (int(row["file_no"]), int(row["line"]), str(row["path"]))
+        if row["error"]:
+            skipped[where] = Skipped(where[2], where[1], str(row["error"]))
+            continue
+        doc = str(row["doc_id"])
+        seen = first.setdefault(doc, where)
+        if seen[:2] > where[:2]:  # rows arrive in any order: the earliest occurrence wins
+            first[doc] = where
+        chunks.setdefault(where[:2], []).append((int(row["position"]), str(row["chunk_fp"])))
+        fps[where[:2]] = str(row["doc_fp"])
+    incoming, fresh = {}, {}
+    for doc, where in first.items():
+        incoming[doc] = fps[where[:2]]
+        fresh[doc] = [fp for _, fp in sorted(chunks[where[:2]])]
+    for row in meta:
+        where = (int(row["file_no"]), int(row["line"]), str(row["path"]))
+        if not row["error"] and first[str(row["doc_id"])][:2] != where[:2]:
+            orig = first[str(row["doc_id"])]
+            at = f"{orig[2]} line {orig[1]}" if orig[1] else orig[2]
+            skipped[where] = Skipped(where[2], where[1], f"duplicate doc_id {row['doc_id']!r}, first in {at}")
+    return incoming, fresh, sorted(skipped.values(), key=lambda s: (s.path, s.line))
+
+
+def _embed(rows, needed: frozenset[str], settings: Settings, directory: IndexDirectory, staging: Staging) -> int:
+    import ray
+
+    from llmframe_ray.batch.stages import EmbedChunks
+
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    per_actor = min(settings.ingest_cpus_per_actor, cpus)
+    actors = settings.ingest_embed_actors or max(1, cpus // per_actor)
+    key = staging.root.name
+    out = rows.map_batches(
+        EmbedChunks,
+        fn_constructor_args=(settings, per_actor, str(directory.root), key, needed),
+        batch_size=settings.ingest_batch_size, batch_format="numpy",
+        concurrency=actors, num_cpus=per_actor,
+    )
+    return sum(int(n) for batch in out.iter_batches(batch_format="numpy") for n in batch["embedded"])
+
+
+def _collect_task(plan, old_dir, staging, fps, part_dir, sparse):
+    from llmframe_ray.batch.build import collect_shard
+
+    return collect_shard(plan, old_dir, staging, fps, part_dir, sparse)
+
+
+def _stats_task(old_dir):
+    from llmframe_ray.batch.build import shard_stats
+
+    return shard_stats(old_dir)
+
+
+def _finish_task(part_dir, target, corpus, settings, model):
+    from llmframe_ray.batch.build import finish_shard
+
+    return finish_shard(part_dir, target, corpus, settings, model)
+
+
+def _carry_task(old_dir, target, corpus):
+    from llmframe_ray.batch.build import carry_shard
+
+    return carry_shard(old_dir, target, corpus)
+
+
+def summary_lines(result: IngestResult) -> list[str]:
+    lines = []
+    if result.skipped:
+        lines.append(f"skipped {len(result.skipped)} input(s) (see {result.index_dir / REPORT_FILE}):")
+        lines.extend(f"  {s.describe()}" for s in result.skipped[:20])
+        if len(result.skipped) > 20:
+            lines.append(f"  ... and {len(result.skipped) - 20} more")
+    return lines
