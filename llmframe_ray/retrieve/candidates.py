@@ -25,7 +25,11 @@ class ChunkRef:
 
     @property
     def key(self) -> str:
-        return f"{self.shard}:{self.row}"
+        """Unique per chunk, and ordered the same way whatever the shard layout: by document id,
+        then row, which within a document is position order (rows are stored in (doc_id,
+        position) order, and all chunks of a document share a shard). Fusion breaks exact
+        ties by key, so chunk-level hybrid results do not depend on how the index is sharded."""
+        return f"{self.doc_id}\x1f{self.row:012d}\x1f{self.shard}"
 
 
 @dataclass(frozen=True)

@@ -177,3 +177,41 @@ def test_params_validation_and_settings():
     params = SparseParams.from_settings(settings)
     assert params == SparseParams(k1=1.2, b=0.5, stemmer=None, stopwords="de")
     assert SparseParams.from_dict(params.to_dict()) == params
+
+
+def test_shards_scored_with_corpus_wide_statistics_rank_like_one_index():
+    from llmframe_ray.index.sparse import CorpusStats, SparseIndex, SparseParams
+
+    texts = [
+        "the quick brown fox jumps over the lazy dog", "a fox and a hound", "lazy afternoons in summer",
+        "dogs and foxes are canines", "summer fox sightings reported", "brown bears and brown dogs",
+        "quick quick quick", "nothing to see here", "the hound of the baskervilles", "foxes",
+    ]
+    params = SparseParams()
+    whole = SparseIndex.build(texts, params)
+    parts = [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    own = [SparseIndex.build([texts[i] for i in rows], params) for rows in parts]
+    corpus = CorpusStats.merge([index.stats() for index in own])
+    assert corpus.n_docs == len(texts) and corpus.doc_freqs == whole.stats().doc_freqs
+    shards = [SparseIndex.build([texts[i] for i in rows], params, corpus) for rows in parts]
+    assert all(s.corpus_wide for s in shards) and not whole.corpus_wide
+    for query in ("brown fox", "lazy hound", "summer dogs quick"):
+        expected = whole.search([query], len(texts))[0]
+        merged = sorted(
+            ((score, rows[row]) for rows, shard in zip(parts, shards) for row, score in shard.search([query], 10)[0]),
+            key=lambda pair: (-pair[0], pair[1]),
+        )
+        assert [(row, score) for score, row in merged] == expected
+        # each shard scored alone (its own statistics) would not agree
+    alone = sorted(
+        ((score, rows[row]) for rows, shard in zip(parts, own) for row, score in shard.search(["brown fox"], 10)[0]),
+        key=lambda pair: (-pair[0], pair[1]),
+    )
+    assert [(row, score) for score, row in alone] != whole.search(["brown fox"], len(texts))[0]
+
+
+def test_corpus_statistics_must_include_the_shard():
+    from llmframe_ray.index.sparse import CorpusStats, SparseIndex, SparseParams
+
+    with pytest.raises(ValueError, match="give term 'fox' a document frequency of 0, below its 1"):
+        SparseIndex.build(["fox"], SparseParams(), CorpusStats(5, 10, {"dog": 2}))

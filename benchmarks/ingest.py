@@ -1,0 +1,145 @@
+"""Ingestion job throughput vs a bare embedding loop, on a generated corpus.
+
+    .venv/bin/python benchmarks/ingest.py [--docs 50000] [--words 24] [--shards 4] [--repeats 1]
+
+Writes a JSONL corpus of `--docs` documents of `--words` words each (drawn, seeded, from the
+SciFact corpus' vocabulary when ../shared/eval/scifact is present, else from this file's text),
+one chunk per document at the default chunk size. Then, in the same run and on the same chunk
+texts:
+  - bare: one process, the ONNX embedder with every core's threads, embedding all chunk texts
+  - job:  `llmframe-ray ingest` (local Ray sized to the machine) into a fresh index directory
+and prints chunks/s of both and their ratio (the issue's goal: >= 0.9), the job's time per
+stage, the peak memory of the job (driver + Ray workers, sampled every 0.2 s), and index bytes
+per chunk. Each figure is the median of `--repeats` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+
+from llmframe_ray.batch.job import ingest  # noqa: E402
+from llmframe_ray.config import load_settings  # noqa: E402
+from llmframe_ray.ingest.readers import read_jsonl  # noqa: E402
+from llmframe_ray.indexing import chunk_documents, make_chunker  # noqa: E402
+from llmframe_ray.models.embedder import load_embedder  # noqa: E402
+
+
+def vocabulary() -> list[str]:
+    scifact = ROOT.parent / "shared" / "eval" / "scifact" / "corpus.jsonl"
+    text = scifact.read_text(encoding="utf-8")[:3_000_000] if scifact.is_file() else Path(__file__).read_text()
+    words = sorted(set(re.findall(r"[a-z]{3,12}", text.lower())))
+    return words
+
+
+def write_corpus(path: Path, docs: int, words: int, seed: int = 11) -> None:
+    vocab = vocabulary()
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(docs):
+            text = " ".join(rng.choice(vocab) for _ in range(words)).capitalize() + "."
+            f.write(json.dumps({"_id": f"gen-{i:07d}", "title": "", "text": text}) + "\n")
+
+
+class PeakMemory:
+    """Peak summed RSS of this process and its descendants (Ray's raylet, GCS and workers)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for proc in [me, *me.children(recursive=True)]:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(0.2)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=50_000)
+    parser.add_argument("--words", type=int, default=24)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+
+    settings = load_settings()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="llmframe-ingest-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = work / "corpus.jsonl"
+    write_corpus(corpus, args.docs, args.words)
+    embedder = load_embedder(settings)
+    chunks = chunk_documents(read_jsonl(corpus), make_chunker(settings, embedder))
+    texts = [c.indexed_text for c in chunks]
+    print(f"corpus: {args.docs} documents, {len(chunks)} chunks, {args.words} words each; "
+          f"{os.cpu_count()} cores, {settings.threads} ONNX threads", flush=True)
+
+    bare, job, stages, peaks, bytes_per_chunk = [], [], [], [], []
+    for repeat in range(args.repeats):
+        started = time.perf_counter()
+        embedder.embed(texts)
+        bare.append(len(texts) / (time.perf_counter() - started))
+        print(f"  run {repeat + 1}: bare loop {bare[-1]:.1f} chunks/s", flush=True)
+
+        index = work / f"index-{repeat}"
+        shutil.rmtree(index, ignore_errors=True)
+        with PeakMemory() as memory:
+            started = time.perf_counter()
+            result = ingest([corpus], index, settings, shards=args.shards, log=lambda line: None)
+            seconds = time.perf_counter() - started
+        job.append(result.chunks_embedded / seconds)
+        stages.append(result.seconds)
+        peaks.append(memory.peak)
+        size = sum(p.stat().st_size for p in (index / "versions").rglob("*") if p.is_file())
+        bytes_per_chunk.append(size / max(1, result.chunks_read))
+        print(f"  run {repeat + 1}: job {job[-1]:.1f} chunks/s ({seconds:.1f}s)", flush=True)
+
+    med = statistics.median
+    print()
+    print("| measure | value |")
+    print("|---|---|")
+    print(f"| chunks | {len(texts)} |")
+    print(f"| bare ONNX loop, chunks/s | {med(bare):.1f} |")
+    print(f"| ingestion job, chunks/s (end to end) | {med(job):.1f} |")
+    print(f"| ratio job / bare | {med(job) / med(bare):.3f} |")
+    for stage in stages[0]:
+        print(f"| job stage {stage}, s | {med(s[stage] for s in stages):.1f} |")
+    print(f"| job peak RSS (driver + Ray processes), MiB | {med(peaks) / 2**20:.0f} |")
+    print(f"| index bytes per chunk ({args.shards} shards) | {med(bytes_per_chunk):.0f} |")
+    print(f"| cores | {os.cpu_count()} |")
+    shutil.rmtree(work, ignore_errors=True) if args.workdir is None else None
+
+
+if __name__ == "__main__":
+    main()
