@@ -159,7 +159,7 @@ def search(
 @app.command("eval")
 def eval_command(
     dataset: Path = typer.Option(..., "--dataset", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."),
-    mode: List[str] = typer.Option(["bm25", "dense", "hybrid"], "--mode", help="bm25, dense, hybrid or rerank; repeat for several."),
+    mode: List[str] = typer.Option(["bm25", "dense", "hybrid"], "--mode", help="bm25, dense, hybrid, rerank (head fused with hybrid, see LLMFRAME_RERANKER_FUSION) or rerank-ce (cross-encoder order alone); repeat for several."),
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Write <mode>.trec run files here."),
     split: str = typer.Option("test", "--split"),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Model folder or hub repo id (default: LLMFRAME_RERANKER_MODEL)."),
@@ -181,7 +181,7 @@ def eval_command(
     settings = load_settings(**overrides)
     data = load_beir(dataset, split)
     encoder = None
-    if EvalMode.RERANK in modes:
+    if EvalMode.RERANK in modes or EvalMode.RERANK_CE in modes:
         encoder = load_reranker(settings, reranker, precision)
         check_reranker_data(encoder.card, data)
     embedder = load_embedder(settings)

@@ -116,6 +116,12 @@ class Settings(BaseSettings):
     reranker_depth: int = Field(50, ge=1, le=1000, validation_alias=_env("RERANKER_DEPTH"))
     reranker_batch_size: int = Field(32, ge=1, le=1024, validation_alias=_env("RERANKER_BATCH_SIZE"))
     reranker_max_length: int | None = Field(None, ge=8, le=512, validation_alias=_env("RERANKER_MAX_LENGTH"))
+    reranker_fusion: str = Field("rrf", pattern="^(rrf|none)$", validation_alias=_env("RERANKER_FUSION"))
+
+    @property
+    def reranker_fusion_k(self) -> int | None:
+        """RRF k for fusing the cross-encoder's order with the first stage's (None: replace it)."""
+        return self.rrf_k if self.reranker_fusion == "rrf" else None
 
     # Ingestion job (Ray Data)
     ingest_batch_size: int = Field(256, ge=1, le=65536, validation_alias=_env("INGEST_BATCH_SIZE"))

@@ -150,7 +150,9 @@ class Pipeline:
             candidates = [per_ranker[name][i] for name in (BM25, DENSE) if name in per_ranker]
             hits = self._hits(candidates, level, depth, wanted)
             if rerank:
-                hits = rerank_hits(checked[i], hits, self.reranker, self.settings.reranker_depth)
+                hits = rerank_hits(
+                    checked[i], hits, self.reranker, self.settings.reranker_depth, self.settings.reranker_fusion_k
+                )
             results.append(hits[:top_k])
         return results
 

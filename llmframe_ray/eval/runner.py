@@ -36,7 +36,8 @@ class EvalMode(str, enum.Enum):
     BM25 = "bm25"
     DENSE = "dense"
     HYBRID = "hybrid"
-    RERANK = "rerank"
+    RERANK = "rerank"  # hybrid, head reranked as configured (fused with hybrid by default)
+    RERANK_CE = "rerank-ce"  # hybrid, head ordered by the cross-encoder alone
 
     @classmethod
     def from_str(cls, value: str | EvalMode) -> EvalMode:
@@ -45,7 +46,7 @@ class EvalMode(str, enum.Enum):
     @property
     def search(self) -> tuple[SearchMode, bool]:
         """(search mode, rerank) that this evaluation mode runs."""
-        if self is EvalMode.RERANK:
+        if self in (EvalMode.RERANK, EvalMode.RERANK_CE):
             return SearchMode.HYBRID, True
         return SearchMode(self.value), False
 
@@ -103,10 +104,37 @@ def cached_index(
     return root
 
 
+def run_reranked(
+    pipeline: Pipeline, dataset: BeirDataset, depth: int = RUN_DEPTH
+) -> dict[EvalMode, dict[str, list[tuple[str, float]]]]:
+    """Both reranked runs from one cross-encoder pass: `rerank` (as the settings say) and
+    `rerank-ce` (cross-encoder order alone)."""
+    from llmframe_ray.retrieve.rerank import passage_of, rerank_hits
+
+    if pipeline.reranker is None:
+        raise ModelError("reranking was asked for but no reranker is loaded")
+    hybrid = run_mode(pipeline, dataset, SearchMode.HYBRID, depth, hits=True)
+    cut = pipeline.settings.reranker_depth
+    out: dict[EvalMode, dict[str, list[tuple[str, float]]]] = {EvalMode.RERANK: {}, EvalMode.RERANK_CE: {}}
+    for qid, hits in hybrid.items():
+        query = dataset.queries[qid]
+        scores = pipeline.reranker.score(query, [passage_of(h) for h in hits[:cut]])
+        for mode, k in ((EvalMode.RERANK, pipeline.settings.reranker_fusion_k), (EvalMode.RERANK_CE, None)):
+            ranked = rerank_hits(query, hits, None, cut, k, scores=scores)
+            out[mode][qid] = [(h.doc_id, h.score) for h in ranked]
+    return out
+
+
 def run_mode(
-    pipeline: Pipeline, dataset: BeirDataset, mode: SearchMode | EvalMode, depth: int = RUN_DEPTH
-) -> dict[str, list[tuple[str, float]]]:
-    """Top-`depth` documents for every judged query of the dataset, in query order.
+    pipeline: Pipeline,
+    dataset: BeirDataset,
+    mode: SearchMode | EvalMode,
+    depth: int = RUN_DEPTH,
+    *,
+    hits: bool = False,
+) -> dict:
+    """Top-`depth` documents for every judged query of the dataset, in query order, as
+    (doc_id, score) pairs (or the Hits themselves with `hits`).
 
     A query whose text is blank gets no line in the run, so it scores zero.
     """
@@ -115,12 +143,12 @@ def run_mode(
     results: dict[str, list[tuple[str, float]]] = {}
     for start in range(0, len(qids), QUERY_BATCH):
         batch = qids[start : start + QUERY_BATCH]
-        hits = pipeline.search_batch(
+        found = pipeline.search_batch(
             [dataset.queries[q] for q in batch], search_mode, depth, ResultLevel.DOCUMENT,
             truncate=True, rerank=rerank,
         )
-        for qid, ranked in zip(batch, hits):
-            results[qid] = [(h.doc_id, h.score) for h in ranked]
+        for qid, ranked in zip(batch, found):
+            results[qid] = list(ranked) if hits else [(h.doc_id, h.score) for h in ranked]
     return results
 
 
@@ -134,9 +162,16 @@ def evaluate(
     """Run each mode, write `<runs_dir>/<mode>.trec`, and score it from the file."""
     out_dir = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="llmframe-runs-"))
     reports = []
+    reranked: dict = {}
     for mode in modes:
         started = time.perf_counter()
-        results = run_mode(pipeline, dataset, mode, depth)
+        mode = EvalMode.from_str(mode.value)
+        if mode in (EvalMode.RERANK, EvalMode.RERANK_CE):
+            if not reranked:
+                reranked = run_reranked(pipeline, dataset, depth)
+            results = reranked[mode]
+        else:
+            results = run_mode(pipeline, dataset, mode, depth)
         seconds = time.perf_counter() - started
         path = write_run(out_dir / f"{mode.value}.trec", results, tag=f"llmframe-{mode.value}")
         reports.append(ModeResult(mode.value, score_run(path, dataset.qrels), path, len(results), seconds))

@@ -37,7 +37,8 @@ def subset(dataset: BeirDataset, qids: list[str]) -> BeirDataset:
 def validate(
     pipeline: Pipeline, dataset: BeirDataset, model_dir: Path, settings: Settings, work: Path
 ) -> dict[str, dict[str, float]]:
-    """nDCG@10 on held-out queries: hybrid, and hybrid top-30 reranked by fp32 and int8."""
+    """nDCG@10 on held-out queries: hybrid, and hybrid top-30 reranked by fp32 and int8, both
+    by the cross-encoder alone and fused with the hybrid order (RRF, k = settings.rrf_k)."""
     hybrid = {
         qid: pipeline.search(text, SearchMode.HYBRID, top_k=100, truncate=True, rerank=False)
         for qid, text in dataset.queries.items()
@@ -55,6 +56,11 @@ def validate(
             **_score(work / f"rerank-{precision.value}.trec", reranked, dataset),
             "pairs_per_s": round(sum(min(len(h), VALIDATION_DEPTH) for h in hybrid.values()) / seconds, 1),
         }
+        fused = {
+            qid: rerank_hits(dataset.queries[qid], hits, encoder, VALIDATION_DEPTH, settings.rrf_k)
+            for qid, hits in hybrid.items()
+        }
+        figures[f"rerank-{precision.value}-rrf"] = _score(work / f"rerank-{precision.value}-rrf.trec", fused, dataset)
     return figures
 
 

@@ -111,7 +111,7 @@ def test_sharded_index_ranks_exactly_like_one_shard(cluster, settings, tmp_path)
         assert_same_rankings(tmp_path / "four", tmp_path / "one", settings, embedder, mode)
     # every document sits in the shard its id hashes to
     for shard_id, shard in zip(loaded.shard_ids, loaded.shards):
-        assert {shard_of(d, 4) for d in shard.store.doc_ids()} == {shard_id}
+        assert {shard_of(d, 4) for d in shard.store.doc_ids} == {shard_id}
 
 
 def test_upsert_and_delete_rebuild_only_the_affected_shard(cluster, settings, tmp_path):
@@ -142,7 +142,7 @@ def test_upsert_and_delete_rebuild_only_the_affected_shard(cluster, settings, tm
     assert third.plan.deleted == (gone,) and third.plan.not_found == ("no-such-doc",)
     assert third.plan.changed_shards == [shard_of(gone, 3)] and third.chunks_embedded == 0
     v3 = directory.load()
-    all_docs = {d for s in v3.shards for d in s.store.doc_ids()}
+    all_docs = {d for s in v3.shards for d in s.store.doc_ids}
     assert gone not in all_docs and len(all_docs) == 29
 
     # the result equals a clean build of the same documents
@@ -172,13 +172,13 @@ def test_bad_files_are_skipped_and_reported(cluster, settings, tmp_path):
     assert reasons[("empty.md", 0)] == "no text"
     assert reasons[("latin1.txt", 0)] == "not valid UTF-8 (byte 0xe9 at offset 3)"
     assert ("broken.pdf", 0) in reasons
-    assert reasons[("corpus.jsonl", 2)].startswith("line 2: not valid JSON")
+    assert reasons[("corpus.jsonl", 2)].startswith("line 2: invalid JSON")
     assert reasons[("corpus.jsonl", 3)] == f"duplicate doc_id 'j1', first in {src / 'corpus.jsonl'} line 1"
     assert len(reasons) == 6
     report = (tmp_path / "idx" / REPORT_FILE).read_text()
     assert "binary file" in report and "duplicate doc_id" in report
     loaded = IndexDirectory(tmp_path / "idx").load()
-    assert sorted(d for s in loaded.shards for d in s.store.doc_ids()) == ["j1"] + [f"note-{i:03d}.md" for i in range(5)]
+    assert sorted({d for s in loaded.shards for d in s.store.doc_ids}) == ["j1"] + [f"note-{i:03d}.md" for i in range(5)]
     assert (loaded.path / REPORT_FILE).is_file()
 
 

@@ -211,7 +211,7 @@ class LengthScorer:
 
 
 def test_rerank_reorders_the_hybrid_head(index_dir, embedder):
-    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4)
+    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, reranker_fusion="none")
     pipeline = Pipeline.open(index_dir, settings, embedder, reranker=LengthScorer())
     query = "moon and ocean tides"
     hybrid = pipeline.search(query, SearchMode.HYBRID, top_k=6)
@@ -222,6 +222,23 @@ def test_rerank_reorders_the_hybrid_head(index_dir, embedder):
     assert [h.ranks["rerank"] for h in reranked[:4]] == [1, 2, 3, 4]
     assert all("rerank" not in h.ranks for h in reranked[4:])
     assert len(pipeline.search(query, SearchMode.HYBRID, top_k=2, rerank=True)) == 2
+
+
+def test_rerank_fused_with_the_first_stage_order(index_dir, embedder):
+    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, rrf_k=20)
+    assert settings.reranker_fusion_k == 20
+    pipeline = Pipeline.open(index_dir, settings, embedder, reranker=LengthScorer())
+    query = "moon and ocean tides"
+    hybrid = pipeline.search(query, SearchMode.HYBRID, top_k=6)
+    reranked = pipeline.search(query, SearchMode.HYBRID, top_k=6, rerank=True)
+    by_length = sorted(range(4), key=lambda i: -len(f"{hybrid[i].title}\n{hybrid[i].text}"))
+    own = {i: pos for pos, i in enumerate(by_length, 1)}
+    fused = {i: 1 / (20 + own[i]) + 1 / (20 + i + 1) for i in range(4)}
+    # equal fused scores: the better single rank first, then the incoming position
+    expected = sorted(range(4), key=lambda i: (-fused[i], min(own[i], i + 1), i))
+    assert [h.chunk_id for h in reranked] == [hybrid[i].chunk_id for i in expected] + [h.chunk_id for h in hybrid[4:]]
+    assert [h.score for h in reranked[:4]] == pytest.approx([fused[i] for i in expected])
+    assert [h.ranks["rerank"] for h in reranked[:4]] == [own[i] for i in expected]
 
 
 def test_reranker_enabled_switch(index_dir, embedder):

@@ -81,7 +81,9 @@ def test_model_folder_and_card(trained, dataset_dir):
     assert card["data"]["train_queries"] == 4 and card["data"]["validation_queries"] == 2
     assert card["data"]["groups"] == 4
     assert [step for step, _ in card["loss_curve"]] == [2]
-    assert set(card["validation"]) == {"queries", "depth", "hybrid", "rerank-fp32", "rerank-int8"}
+    assert set(card["validation"]) == {
+        "queries", "depth", "hybrid", "rerank-fp32", "rerank-int8", "rerank-fp32-rrf", "rerank-int8-rrf",
+    }
     assert not any(p.name.startswith(".") for p in out.parent.iterdir())
 
 
