@@ -69,7 +69,7 @@ def macs_per_batch(batch, layers: int, hidden: int, intermediate: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     settings = load_settings()
-    parser.add_argument("--model", default=str(settings.home / "rerankers" / "scifact-minilm-l6"))
+    parser.add_argument("--model", default=str(settings.home / "rerankers" / "scifact-gated-2ep"))
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "eval" / "scifact"))
     parser.add_argument("--pairs", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)

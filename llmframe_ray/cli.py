@@ -102,9 +102,19 @@ def ingest(
     2: bad arguments or input; 1: the job failed (CURRENT still serves the previous version).
     """
     from llmframe_ray.batch.job import ingest as run_ingest, summary_lines
+    from llmframe_ray.batch.plan import PlanError
+    from llmframe_ray.errors import ConfigError, DocumentReadError
+    from llmframe_ray.index.versions import IndexBusyError
 
-    result = run_ingest(sources or [], index, _settings(), shards=shards, deletes=delete or [],
-                        log=lambda line: typer.echo(line, err=True))
+    settings = _settings()
+    try:
+        result = run_ingest(sources or [], index, settings, shards=shards, deletes=delete or [],
+                            log=lambda line: typer.echo(line, err=True))
+    except (PlanError, DocumentReadError, IndexBusyError, ConfigError):
+        raise  # bad arguments or input: exit 2 (main)
+    except Exception as exc:  # the job itself failed: CURRENT still serves the previous version
+        typer.echo(f"error: ingestion failed: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1)
     for line in summary_lines(result):
         typer.echo(line, err=True)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
@@ -202,7 +212,7 @@ def train_reranker_command(
     dataset: Path = typer.Option(..., "--dataset", help="BEIR folder with qrels/<split>.tsv."),
     split: str = typer.Option("train", "--split", help="Judgments to train on (never test)."),
     out: Path = typer.Option(..., "--out", help="Model folder to write."),
-    epochs: int = typer.Option(1, "--epochs", min=1),
+    epochs: int = typer.Option(2, "--epochs", min=1),
     seed: int = typer.Option(13, "--seed"),
     negatives: int = typer.Option(4, "--negatives", min=1, help="Hard negatives per positive."),
     max_length: int = typer.Option(192, "--max-length", min=16, max=512),

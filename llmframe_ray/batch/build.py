@@ -53,7 +53,9 @@ def collect_shard(
     if not chunks:
         return CorpusStats(0, 0, {})
     part = Path(part_dir)
-    part.mkdir(parents=True, exist_ok=True)
+    if part.exists():  # a retried task
+        shutil.rmtree(part)
+    part.mkdir(parents=True)
     ChunkStore.from_chunks(chunks).save(part)
     np.save(part / VECTORS_FILE, np.vstack(vectors), allow_pickle=False)
     return SparseIndex.build([c.indexed_text for c in chunks], sparse).stats()
@@ -68,6 +70,7 @@ def finish_shard(
 ) -> dict[str, int]:
     """Build the shard from its part with corpus-wide BM25 statistics, save it at `target`."""
     part = Path(part_dir)
+    _clear(target)
     chunks = list(ChunkStore.load(part, mmap=False))
     vectors = np.load(part / VECTORS_FILE)
     shard = IndexShard.build(
@@ -79,10 +82,17 @@ def finish_shard(
         corpus=corpus,
     )
     shard.save(target)
-    shutil.rmtree(part, ignore_errors=True)
     return dict(shard.manifest.counts)
 
 
 def carry_shard(old_dir: str, target: str, corpus: CorpusStats) -> dict[str, int]:
+    _clear(target)
     manifest = IndexShard.relink(old_dir, target, corpus)
     return dict(manifest.counts)
+
+
+def _clear(target: str) -> None:
+    """A retried task (its worker died after writing) starts over: the target sits in the
+    unpublished version folder, which nothing reads yet."""
+    if Path(target).exists():
+        shutil.rmtree(target)

@@ -136,13 +136,13 @@ def ingest(
         n_shards = _shard_count(previous, shards)
         if previous is not None:
             _check_compatible(previous, model, chunking, settings)
-        staging = Staging(directory.root, staging_key(model, chunking))
+        staging = Staging(directory.root, staging_key(model, chunking, n_shards))
         with ray_session(settings):
             result = _run(files, directory, previous, n_shards, list(deletes), settings, model, staging, log)
         if result.version is not None or not (result.plan and result.plan.changes_anything):
             staging.clear()
         atomic.write_json(directory.root / REPORT_FILE, result.report())
-        pruned = directory.prune(settings.index_retention)
+        pruned = directory.prune(settings.index_retention, protect=[previous.version] if previous else [])
         if pruned:
             log(f"pruned {len(pruned)} old version(s) (keeping {settings.index_retention})")
     return result
@@ -169,6 +169,9 @@ def _check_compatible(previous, model: dict, chunking: dict, settings: Settings)
     old_chunking = dict(manifest.parameters.get("chunking", {}))
     if old_chunking != chunking:
         raise PlanError(f"the index was chunked with {old_chunking}, these settings give {chunking}; use a new index directory")
+    old_kind = dict(manifest.parameters.get("dense", {})).get("kind")
+    if old_kind is not None and old_kind != settings.dense_index.value:
+        raise PlanError(f"the index's dense shards are {old_kind!r}; LLMFRAME_DENSE_INDEX is {settings.dense_index.value!r}; use a new index directory")
     old_sparse = dict(manifest.parameters.get("sparse", {}))
     if old_sparse and old_sparse != SparseParams.from_settings(settings).to_dict():
         raise PlanError(f"the index's BM25 settings are {old_sparse}; these settings differ; use a new index directory")
@@ -215,6 +218,21 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
 
     clock = time.perf_counter()
     version, tmp = directory.stage()
+    try:
+        return _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
+                                 settings, model, n_shards, clock, log)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # a kill -9 skips this: the next run removes it
+        result.version = None
+        raise
+
+
+def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
+                      settings, model, n_shards, clock, log) -> IngestResult:
+    import ray
+
     old_dirs = {}
     if previous is not None:
         old_dirs = {i: str(previous.path / shard_dir_name(i)) for i in previous.shard_ids}
@@ -258,11 +276,11 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
         "skipped": len(result.skipped),
         "previous": previous.version if previous else None,
     }
-    try:
-        directory.commit(version, tmp, n_shards, info, verify=True)
-    except Exception:
-        result.version = None
-        raise
+    for shard_id, counts in result.shard_counts.items():
+        want = plan.shards[shard_id].documents
+        if counts["documents"] != want:
+            raise RuntimeError(f"shard {shard_id} holds {counts['documents']} documents; the plan says {want}")
+    directory.commit(version, tmp, n_shards, info, verify=True, expected=set(built))
     result.seconds["publish"] = time.perf_counter() - clock
     log(f"published version {version}: {info['documents']} documents, {info['chunks']} chunks in {n_shards} shards")
     return result
@@ -276,10 +294,11 @@ def _read_and_chunk(files, n_shards: int, settings: Settings):
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     items = [{"file_no": i, "path": str(path), "doc_id": doc_id} for i, (path, doc_id) in enumerate(files)]
     ds = ray.data.from_items(items, override_num_blocks=min(len(items), 4 * cpus))
-    ds = ds.flat_map(read_file, num_cpus=1)
+    # half a CPU each, so that read tasks can run beside the chunking actors even on one CPU
+    ds = ds.flat_map(read_file, num_cpus=0.5)
     ds = ds.map_batches(
         ChunkDocuments, fn_constructor_args=(settings, n_shards), batch_size=64,
-        batch_format="numpy", concurrency=(1, cpus), num_cpus=1,
+        batch_format="numpy", concurrency=(1, max(1, cpus - 1)), num_cpus=0.5,
     )
     return ds.materialize()
 

@@ -63,9 +63,17 @@ class ChunkDocuments:
         out: dict[str, list[Any]] = {name: [] for name in CHUNK_COLUMNS}
         rows = [dict(zip(DOC_COLUMNS, values)) for values in zip(*(batch[c] for c in DOC_COLUMNS))]
         docs = [r for r in rows if not r["error"]]
-        chunked = self.chunker.chunk_many(
-            [Document(str(r["doc_id"]), str(r["text"]), title=str(r["title"])) for r in docs]
-        )
+        as_docs = [Document(str(r["doc_id"]), str(r["text"]), title=str(r["title"])) for r in docs]
+        try:
+            chunked = self.chunker.chunk_many(as_docs)
+        except Exception:  # find the document that fails; the others go on
+            chunked = []
+            for row, doc in zip(docs, as_docs):
+                try:
+                    chunked.append(self.chunker.chunk(doc))
+                except Exception as exc:
+                    row["error"] = f"cannot be chunked: {type(exc).__name__}: {exc}"
+                    chunked.append([])
         by_row = {id(r): chunks for r, chunks in zip(docs, chunked)}
         for row in rows:
             base = {"file_no": int(row["file_no"]), "line": int(row["line"]), "path": str(row["path"]),

@@ -5,8 +5,8 @@
         chunks        (n,) str    the chunks, as JSON
         vectors       (n, dim) float32
 
-`key` covers the embedding model and the chunking parameters, so vectors are never reused under
-other settings. Each file is written atomically by the actor that embedded the batch; a run that
+`key` covers the embedding model, the chunking parameters and the shard count, so vectors are
+never reused under other settings. Each file is written atomically by the actor that embedded the batch; a run that
 was killed and is started again reads which chunks already have vectors and embeds only the
 rest. The folder is removed once the version is published.
 """
@@ -31,8 +31,8 @@ from llmframe_ray.batch.plan import chunk_from_json
 STAGING_DIR = ".staging"
 
 
-def staging_key(model: Mapping[str, Any], chunking: Mapping[str, Any]) -> str:
-    text = json.dumps({"model": dict(model), "chunking": dict(chunking)}, sort_keys=True)
+def staging_key(model: Mapping[str, Any], chunking: Mapping[str, Any], n_shards: int) -> str:
+    text = json.dumps({"model": dict(model), "chunking": dict(chunking), "shards": n_shards}, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
@@ -65,11 +65,15 @@ class Staging:
         return [p for f in folders if f.is_dir() for p in sorted(f.glob("*.npz")) if not atomic.is_temp_name(p.name)]
 
     def fingerprints(self) -> set[str]:
-        """Chunks that already have a vector here."""
+        """Chunks that already have a vector here. A file that cannot be read (it was damaged
+        after it was written) is deleted, so its chunks are embedded again."""
         found: set[str] = set()
         for path in self._files():
-            with np.load(path, allow_pickle=False) as data:
-                found.update(data["fingerprints"].tolist())
+            try:
+                with np.load(path, allow_pickle=False) as data:
+                    found.update(data["fingerprints"].tolist())
+            except (OSError, ValueError, KeyError, EOFError):
+                path.unlink(missing_ok=True)
         return found
 
     def read(self, shard: int, wanted: Iterable[str]) -> tuple[list[Chunk], np.ndarray]:

@@ -137,12 +137,19 @@ class IndexDirectory:
         info: Mapping[str, Any] | None = None,
         *,
         verify: bool = False,
+        expected: set[int] | None = None,
     ) -> str:
         """Check the staged folder `tmp` (every shard present, or listed as empty, and loadable;
-        with `verify` every file's SHA-256 too), write version.json, rename it into place and
-        switch CURRENT. On a failed check the folder is removed and nothing is published."""
+        with `verify` every file's SHA-256 too; with `expected`, exactly those shard folders
+        present), write version.json, rename it into place and switch CURRENT. On a failed check
+        the folder is removed and nothing is published."""
         try:
             present = [i for i in range(n_shards) if (tmp / shard_dir_name(i)).is_dir()]
+            if expected is not None and set(present) != set(expected):
+                raise IndexLoadError(
+                    f"version {version} is incomplete: shards {sorted(set(expected) - set(present))} "
+                    f"were not written (is the index directory on storage every Ray node sees?)"
+                )
             if not present:
                 raise IndexLoadError("cannot publish a version whose shards are all empty")
             for i in present:
@@ -179,18 +186,25 @@ class IndexDirectory:
             raise IndexLoadError(f"{path} is unreadable: {exc}") from None
         return info
 
-    def prune(self, keep: int) -> list[str]:
-        """Delete complete versions older than the newest `keep`, never the served one.
+    def prune(self, keep: int, protect: Sequence[str] = ()) -> list[str]:
+        """Delete complete versions older than the newest `keep`, never the served one nor
+        those in `protect` (e.g. the version served until a moment ago, which readers that
+        read CURRENT just before the switch may still be opening).
 
+        Each doomed folder is first renamed to a temporary name (so a crash mid-delete leaves
+        debris that `remove_incomplete` clears, never a half-deleted "complete" version).
         Files shared with newer versions through hard links stay readable there.
         """
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         current = self.current_version()
         versions = self.versions()
-        doomed = [v for v in versions[: max(0, len(versions) - keep)] if v != current]
+        spared = {current, *protect}
+        doomed = [v for v in versions[: max(0, len(versions) - keep)] if v not in spared]
         for version in doomed:
-            shutil.rmtree(self.versions_dir / version)
+            trash = atomic.temp_sibling(self.versions_dir / version)
+            os.rename(self.versions_dir / version, trash)
+            shutil.rmtree(trash)
         if doomed:
             atomic.fsync_dir(self.versions_dir)
         return doomed

@@ -361,3 +361,63 @@ def test_leftovers_of_a_crash_are_ignored_then_removed(tmp_path, monkeypatch):
 def test_publish_refuses_zero_shards(tmp_path):
     with pytest.raises(ValueError, match="cannot publish a version with zero shards"):
         IndexDirectory(tmp_path).publish([])
+
+
+def test_prune_keeps_the_newest_the_served_and_the_protected(tmp_path):
+    root = IndexDirectory(tmp_path / "index")
+    versions = [root.publish([build_shard(seed=i)]) for i in range(5)]
+    (tmp_path / "index" / "CURRENT").write_text(versions[1] + "\n")  # serve an old one
+    removed = root.prune(2, protect=[versions[2]])
+    assert removed == [versions[0]]
+    assert root.versions() == versions[1:]
+    assert root.prune(1) == [versions[2], versions[3]]
+    assert root.versions() == [versions[1], versions[4]]
+    assert root.remove_incomplete() == []  # deleting left no debris
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        root.prune(0)
+
+
+def test_commit_refuses_a_version_missing_an_expected_shard(tmp_path):
+    root = IndexDirectory(tmp_path / "index")
+    version, tmp = root.stage()
+    build_shard(seed=1).save(tmp / "shard-0000")
+    with pytest.raises(IndexLoadError, match=r"incomplete: shards \[1\] were not written"):
+        root.commit(version, tmp, 2, expected={0, 1})
+    assert root.current_version() is None and not tmp.exists()
+    version, tmp = root.stage()
+    build_shard(seed=1).save(tmp / "shard-0001")
+    published = root.commit(version, tmp, 2, {"note": "x"}, expected={1})
+    loaded = root.load()
+    assert loaded.version == published and loaded.shard_ids == (1,) and loaded.info["empty_shards"] == [0]
+
+
+def test_one_writer_at_a_time(tmp_path):
+    from llmframe_ray.index.versions import IndexBusyError
+
+    root = IndexDirectory(tmp_path / "index")
+    with root.writer_lock():
+        with pytest.raises(IndexBusyError, match="another process is writing"):
+            with IndexDirectory(tmp_path / "index").writer_lock():
+                pass
+    with root.writer_lock():  # released
+        pass
+
+
+def test_bm25_over_shards_needs_corpus_wide_statistics():
+    from llmframe_ray.index.sparse import CorpusStats
+    from llmframe_ray.pipeline import bm25_consistency_problem
+
+    chunks = make_chunks()
+    split = [[c for c in chunks if c.doc_id in ("doc-1", "doc-3")], [c for c in chunks if c.doc_id not in ("doc-1", "doc-3")]]
+
+    def shard(part, corpus=None):
+        return IndexShard.build(part, make_vectors(len(part)), dense=DenseParams(), sparse=SparseParams(),
+                                model=MODEL, chunking=CHUNKING, corpus=corpus)
+
+    own = [shard(part) for part in split]
+    assert bm25_consistency_problem(own[:1]) is None
+    assert "would rank differently from one index" in bm25_consistency_problem(own)
+    corpus = CorpusStats.merge([s.sparse.stats() for s in own])
+    wide = [shard(part, corpus) for part in split]
+    assert bm25_consistency_problem(wide) is None
+    assert "would rank differently" in bm25_consistency_problem(wide[:1] + own[1:])
