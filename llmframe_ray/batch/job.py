@@ -104,7 +104,8 @@ def ray_session(settings: Settings) -> Iterator[None]:
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        ray.init(num_cpus=settings.threads, include_dashboard=False, log_to_driver=True)
+        # address="local": always a new local Ray, never one some other process left running
+        ray.init(address="local", num_cpus=settings.threads, include_dashboard=False, log_to_driver=True)
     try:
         yield
     finally:

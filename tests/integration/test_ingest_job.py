@@ -236,7 +236,7 @@ def test_a_driver_killed_mid_embedding_is_completed_by_running_it_again(cluster,
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     line = next(x for x in rerun.stderr.splitlines() if x.startswith("embedded "))
     embedded_again, reused = (int(w) for w in re.fullmatch(r"embedded (\d+) chunks \((\d+) already staged\)", line).groups())
-    assert reused > 0  # the vectors staged before the kill were not computed again
+    assert reused > 0, rerun.stderr[-4000:]  # the vectors staged before the kill were not computed again
     assert not staged.exists()  # staging is cleared once the version is published
     assert failures == []
     assert len(seen) > 10 and {v for v, _ in seen} <= {before, directory.current_version()}

@@ -163,3 +163,31 @@ def test_eval_rerank_mode_writes_runs(trained, dataset_dir, settings, tmp_path):
     refused = subprocess.run(args[:-2] + ["--split", "train"], env=env, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
     assert "the reranker was trained on tiny-beir0/qrels/train.tsv" in refused.stderr
+
+
+def test_with_closed_gates_the_cross_encoder_scores_like_the_bi_encoder(embedder):
+    """The gated model's starting point: with cross-segment attention shut, its logit is exactly
+    scale * the bi-encoder's cosine (here checked against the ONNX embedder, to ONNX-vs-torch
+    rounding); the default gate (-6) stays close to it."""
+    from llmframe_ray.models.export import bundled_minilm_path
+    from llmframe_ray.train.reranker import mean_pool_classifier, pair_tokenizer, torch_scores
+
+    query = "Vitamin D deficiency raises the risk of hip fractures in older adults."
+    passages = [
+        "Low serum vitamin D was associated with hip fracture in a cohort of 2,000 elderly people.",
+        "The mitochondrial genome encodes thirteen proteins of the respiratory chain.",
+        "Short.",
+    ]
+    vectors = embedder.embed([query, *passages])
+    cosines = vectors[1:] @ vectors[0]
+    tokenizer = pair_tokenizer(bundled_minilm_path(), 192)
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    closed = torch_scores(mean_pool_classifier(bundled_minilm_path(), gate_init=-1e4), tokenizer,
+                          [(query, p) for p in passages])
+    assert closed / 20.0 == pytest.approx(cosines, abs=1e-5)
+    default = torch_scores(mean_pool_classifier(bundled_minilm_path()), tokenizer, [(query, p) for p in passages])
+    assert np.argsort(-default).tolist() == np.argsort(-cosines).tolist()
+    assert default / 20.0 == pytest.approx(cosines, abs=0.02)
+    tokenizer.no_padding()
+    enc = tokenizer.encode(query, passages[2])
+    assert enc.tokens[-4:] == ["[CLS]", "short", ".", "[SEP]"] and enc.type_ids[-4:] == [1, 1, 1, 1]
