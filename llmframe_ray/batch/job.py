@@ -299,7 +299,8 @@ def _read_and_chunk(files, n_shards: int, settings: Settings):
     ds = ds.flat_map(read_file, num_cpus=0.5)
     ds = ds.map_batches(
         ChunkDocuments, fn_constructor_args=(settings, n_shards), batch_size=64,
-        batch_format="numpy", concurrency=(1, max(1, cpus - 1)), num_cpus=0.5,
+        batch_format="numpy", num_cpus=0.5,
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, cpus - 1)),
     )
     return ds.materialize()
 
@@ -358,7 +359,7 @@ def _embed(rows, needed: frozenset[str], settings: Settings, directory: IndexDir
         EmbedChunks,
         fn_constructor_args=(settings, per_actor, str(directory.root), key, needed),
         batch_size=settings.ingest_batch_size, batch_format="numpy",
-        concurrency=actors, num_cpus=per_actor,
+        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=per_actor,
     )
     return sum(int(n) for batch in out.iter_batches(batch_format="numpy") for n in batch["embedded"])
 
