@@ -213,7 +213,7 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
     wanted_fps = {fp for doc in plan.fresh for fp in fresh_chunks[doc]}
     needed = frozenset(wanted_fps - staging.fingerprints())
     if needed:
-        result.chunks_embedded = _embed(rows, needed, settings, directory, staging)
+        result.chunks_embedded = _embed(rows, len(meta), needed, settings, directory, staging)
     result.seconds["embed"] = time.perf_counter() - clock
     log(f"embedded {result.chunks_embedded} chunks ({len(wanted_fps) - len(needed)} already staged)")
 
@@ -346,7 +346,10 @@ def _dedupe(meta: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, list[
     return incoming, fresh, sorted(skipped.values(), key=lambda s: (s.path, s.line))
 
 
-def _embed(rows, needed: frozenset[str], settings: Settings, directory: IndexDirectory, staging: Staging) -> int:
+def _embed(rows, n_rows: int, needed: frozenset[str], settings: Settings, directory: IndexDirectory,
+           staging: Staging) -> int:
+    import math
+
     import ray
 
     from llmframe_ray.batch.stages import EmbedChunks
@@ -355,6 +358,12 @@ def _embed(rows, needed: frozenset[str], settings: Settings, directory: IndexDir
     per_actor = min(settings.ingest_cpus_per_actor, cpus)
     actors = settings.ingest_embed_actors or max(1, cpus // per_actor)
     key = staging.root.name
+    # One block per embedding batch: work spreads over the actors, and blocks keep moving (a
+    # corpus read from one JSONL file is otherwise one block, and Ray Data stops a dataset that
+    # shows no progress for 30 minutes).
+    # Materialised first: an actor pool that already holds every CPU would starve the split.
+    blocks = max(actors, math.ceil(n_rows / settings.ingest_batch_size))
+    rows = rows.repartition(blocks).materialize()
     out = rows.map_batches(
         EmbedChunks,
         fn_constructor_args=(settings, per_actor, str(directory.root), key, needed),
