@@ -101,7 +101,8 @@ def ingest(
     nothing to change); 3: done, but some inputs were skipped (listed, and in ingest-report.json);
     2: bad arguments or input; 1: the job failed (CURRENT still serves the previous version).
     """
-    from llmframe_ray.batch.job import ingest as run_ingest, summary_lines
+    from llmframe_ray.batch.job import ingest as run_ingest
+    from llmframe_ray.batch.report import summary_lines
     from llmframe_ray.batch.plan import PlanError
     from llmframe_ray.errors import ConfigError, DocumentReadError
     from llmframe_ray.index.versions import IndexBusyError

@@ -43,7 +43,8 @@ def collect_shard(
     chunks, vectors = [], []
     if old_dir is not None and plan.keep:
         old = IndexShard.load(old_dir, mmap=True)
-        rows = [r for r in range(len(old)) if old.doc_id(r) in plan.keep]
+        codes = [i for i, doc in enumerate(old.store.doc_table) if doc in plan.keep]
+        rows = np.flatnonzero(np.isin(np.asarray(old.store.doc_index), codes)).tolist()
         chunks.extend(old.chunks(rows))
         vectors.append(old.dense.vectors(rows))
     if fresh_fingerprints:

@@ -15,81 +15,30 @@ file system). One run per index directory at a time (a lock file enforces it).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from llmframe_ray.config import Settings
-from llmframe_ray.errors import LLMFrameError
 from llmframe_ray.index import atomic
 from llmframe_ray.index.sparse import CorpusStats, SparseParams, corpus_info
-from llmframe_ray.index.store import ChunkStore
 from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
 from llmframe_ray.indexing import check_build_settings, chunking_params
 from llmframe_ray.ingest.readers import resolve_sources
 from llmframe_ray.models.embedder import load_embedder
-from llmframe_ray.batch.plan import Plan, PlanError, make_plan, stored_fingerprints
+from llmframe_ray.batch.plan import PlanError, make_plan, stored_fingerprints
+from llmframe_ray.batch.report import REPORT_FILE, IngestResult, Skipped
 from llmframe_ray.batch.staging import Staging, staging_key
 
-REPORT_FILE = "ingest-report.json"
 PARTS_DIR = "parts"
-EXIT_OK, EXIT_SKIPPED = 0, 3
 
 Log = Callable[[str], None]
 
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-@dataclass
-class Skipped:
-    path: str
-    line: int
-    reason: str
-
-    def describe(self) -> str:
-        where = f"{self.path} line {self.line}" if self.line else self.path
-        return f"{where}: {self.reason}"
-
-
-@dataclass
-class IngestResult:
-    index_dir: Path
-    version: str | None  # None: nothing changed, CURRENT left as it was
-    plan: Plan | None
-    skipped: list[Skipped] = field(default_factory=list)
-    seconds: dict[str, float] = field(default_factory=dict)
-    chunks_embedded: int = 0
-    chunks_read: int = 0
-    shard_counts: dict[int, dict[str, int]] = field(default_factory=dict)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_SKIPPED if self.skipped else EXIT_OK
-
-    def report(self) -> dict[str, Any]:
-        plan = self.plan
-        return {
-            "version": self.version,
-            "documents": {
-                "added": len(plan.added) if plan else 0,
-                "replaced": len(plan.replaced) if plan else 0,
-                "unchanged": len(plan.unchanged) if plan else 0,
-                "deleted": list(plan.deleted) if plan else [],
-                "delete_not_found": list(plan.not_found) if plan else [],
-            },
-            "changed_shards": plan.changed_shards if plan else [],
-            "chunks_read": self.chunks_read,
-            "chunks_embedded": self.chunks_embedded,
-            "shards": {str(k): v for k, v in sorted(self.shard_counts.items())},
-            "skipped": [{"path": s.path, "line": s.line, "reason": s.reason} for s in self.skipped],
-            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-        }
 
 
 @contextlib.contextmanager
@@ -395,13 +344,3 @@ def _carry_task(old_dir, target, corpus):
     from llmframe_ray.batch.build import carry_shard
 
     return carry_shard(old_dir, target, corpus)
-
-
-def summary_lines(result: IngestResult) -> list[str]:
-    lines = []
-    if result.skipped:
-        lines.append(f"skipped {len(result.skipped)} input(s) (see {result.index_dir / REPORT_FILE}):")
-        lines.extend(f"  {s.describe()}" for s in result.skipped[:20])
-        if len(result.skipped) > 20:
-            lines.append(f"  ... and {len(result.skipped) - 20} more")
-    return lines

@@ -83,6 +83,15 @@ def _check_files(path: Path, files: Mapping[str, Any], verify: bool) -> None:
             raise IndexLoadError(f"{path}: file {name} does not match its SHA-256 in the manifest")
 
 
+def _finish(tmp: Path, path: Path, manifest: Manifest) -> None:
+    """Write the manifest last into the complete temporary folder, then rename it to `path`."""
+    manifest.save(tmp / MANIFEST_NAME)
+    atomic.fsync_dir(tmp)
+    if path.exists():
+        raise FileExistsError(f"{path} appeared while the shard was being written")
+    os.rename(tmp, path)
+
+
 @dataclass(frozen=True, eq=False)
 class IndexShard:
     dense: DenseIndex
@@ -148,11 +157,7 @@ class IndexShard:
             self.store.save(tmp)
             atomic.fsync_tree(tmp)
             manifest = replace(self.manifest, files=_describe_files(tmp))
-            manifest.save(tmp / MANIFEST_NAME)
-            atomic.fsync_dir(tmp)
-            if path.exists():
-                raise FileExistsError(f"{path} appeared while the shard was being written")
-            os.rename(tmp, path)
+            _finish(tmp, path, manifest)
         except Exception:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -188,9 +193,7 @@ class IndexShard:
             }}
             parameters = {**{k: v for k, v in old.manifest.parameters.items()}, "sparse": sparse.params.to_dict()}
             manifest = replace(old.manifest, parameters=parameters, files=dict(sorted(files.items())))
-            manifest.save(tmp / MANIFEST_NAME)
-            atomic.fsync_dir(tmp)
-            os.rename(tmp, path)
+            _finish(tmp, path, manifest)
         except Exception:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -302,19 +302,15 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT):
 
 def pair_tokenizer(source: Path, max_length: int | None = None):
     """MiniLM's tokenizer with the pair template "[CLS] $A [SEP] [CLS] $B [SEP]" (B as type 1)."""
-    from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
 
-    tokenizer = Tokenizer.from_file(str(Path(source) / "tokenizer.json"))
+    from llmframe_ray.models.runtime import load_tokenizer
+
+    tokenizer = load_tokenizer(Path(source) / "tokenizer.json", max_length)
     specials = [(token, tokenizer.token_to_id(token)) for token in ("[CLS]", "[SEP]")]
     tokenizer.post_processor = TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] [CLS]:1 $B:1 [SEP]:1", special_tokens=specials
     )
-    tokenizer.no_padding()
-    if max_length is None:
-        tokenizer.no_truncation()
-    else:
-        tokenizer.enable_truncation(max_length=max_length)
     return tokenizer
 
 

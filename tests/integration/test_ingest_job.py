@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmframe_ray.batch.job import REPORT_FILE, ingest
+from llmframe_ray.batch.job import ingest
+from llmframe_ray.batch.report import REPORT_FILE
 from llmframe_ray.batch.plan import PlanError, shard_of
 from llmframe_ray.batch.staging import STAGING_DIR
 from llmframe_ray.config import load_settings
