@@ -17,7 +17,7 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -83,13 +83,27 @@ def _check_files(path: Path, files: Mapping[str, Any], verify: bool) -> None:
             raise IndexLoadError(f"{path}: file {name} does not match its SHA-256 in the manifest")
 
 
-def _finish(tmp: Path, path: Path, manifest: Manifest) -> None:
-    """Write the manifest last into the complete temporary folder, then rename it to `path`."""
-    manifest.save(tmp / MANIFEST_NAME)
-    atomic.fsync_dir(tmp)
+def _write_shard_dir(path: Path, fill: Callable[[Path], Manifest]) -> Manifest:
+    """Create the shard folder `path` atomically: `fill(tmp)` writes every file into a temporary
+    sibling and returns the manifest, which is written last; the folder is then renamed into
+    place. On an error the temporary folder is removed."""
     if path.exists():
-        raise FileExistsError(f"{path} appeared while the shard was being written")
-    os.rename(tmp, path)
+        raise FileExistsError(f"{path} already exists; a shard is written once, to a new path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic.temp_sibling(path)
+    tmp.mkdir()
+    try:
+        manifest = fill(tmp)
+        manifest.save(tmp / MANIFEST_NAME)
+        atomic.fsync_dir(tmp)
+        if path.exists():
+            raise FileExistsError(f"{path} appeared while the shard was being written")
+        os.rename(tmp, path)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic.fsync_dir(path.parent)
+    return manifest
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,24 +159,15 @@ class IndexShard:
         Everything goes into a temporary sibling directory first (fsynced, manifest last), which
         is then renamed to `path`. On an error the temporary directory is removed.
         """
-        path = Path(path)
-        if path.exists():
-            raise FileExistsError(f"{path} already exists; a shard is written once, to a new path")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = atomic.temp_sibling(path)
-        tmp.mkdir()
-        try:
+
+        def fill(tmp: Path) -> Manifest:
             self.dense.save(tmp / DENSE_FILE)
             self.sparse.save(tmp / SPARSE_DIR)
             self.store.save(tmp)
             atomic.fsync_tree(tmp)
-            manifest = replace(self.manifest, files=_describe_files(tmp))
-            _finish(tmp, path, manifest)
-        except Exception:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        atomic.fsync_dir(path.parent)
-        return manifest
+            return replace(self.manifest, files=_describe_files(tmp))
+
+        return _write_shard_dir(Path(path), fill)
 
     @classmethod
     def relink(cls, source: str | Path, path: str | Path, corpus: CorpusStats) -> Manifest:
@@ -171,18 +176,17 @@ class IndexShard:
         copy; `source` must be on the same file system), the sparse index is rebuilt from the
         stored texts. Returns the new manifest. Used to carry an unchanged shard into a new
         version whose corpus-wide statistics changed."""
-        source, path = Path(source), Path(path)
+        source = Path(source)
         old = cls.load(source, mmap=True)
-        if path.exists():
+        if Path(path).exists():
             raise FileExistsError(f"{path} already exists; a shard is written once, to a new path")
         sparse = SparseIndex.build([c.indexed_text for c in old.store], old.sparse.params, corpus)
-        tmp = atomic.temp_sibling(path)
-        tmp.mkdir()
-        try:
-            linked = {
-                name: entry for name, entry in old.manifest.files.items()
-                if not name.startswith(f"{SPARSE_DIR}/")
-            }
+        linked = {
+            name: entry for name, entry in old.manifest.files.items()
+            if not name.startswith(f"{SPARSE_DIR}/")
+        }
+
+        def fill(tmp: Path) -> Manifest:
             for name in linked:
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 os.link(source / name, tmp / name)
@@ -191,14 +195,10 @@ class IndexShard:
             files = {**{k: dict(v) for k, v in linked.items()}, **{
                 f"{SPARSE_DIR}/{k}": v for k, v in _describe_files(tmp / SPARSE_DIR).items()
             }}
-            parameters = {**{k: v for k, v in old.manifest.parameters.items()}, "sparse": sparse.params.to_dict()}
-            manifest = replace(old.manifest, parameters=parameters, files=dict(sorted(files.items())))
-            _finish(tmp, path, manifest)
-        except Exception:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        atomic.fsync_dir(path.parent)
-        return manifest
+            parameters = {**dict(old.manifest.parameters), "sparse": sparse.params.to_dict()}
+            return replace(old.manifest, parameters=parameters, files=dict(sorted(files.items())))
+
+        return _write_shard_dir(Path(path), fill)
 
     @classmethod
     def load(cls, path: str | Path, *, mmap: bool = True, verify: bool = False) -> IndexShard:
