@@ -1,16 +1,15 @@
 """The retrieval stages composed in one process, without Ray.
 
-    query -> check -> [encode] -> search every shard (bm25 and/or dense)
-          -> merge shards -> (documents: best chunk per document) -> RRF (hybrid) -> top-k hits
+    query -> check -> retrieval plan (retrieve/plan.py) answered by direct calls -> [rerank]
+
+The Serve Retriever runs the same plan with deployment handle calls.
 """
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Sequence
 
-import numpy as np
 
 from llmframe_ray.config import Settings
 from llmframe_ray.errors import IndexLoadError, ModelError
@@ -18,24 +17,23 @@ from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import Embedder, check_query_text
-from llmframe_ray.retrieve.candidates import Candidates, ChunkRef, merge_shard_results
-from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
+from llmframe_ray.retrieve.plan import (
+    BM25,
+    DENSE,
+    Encode,
+    FusionSettings,
+    ReadChunks,
+    Request,
+    ResultLevel,
+    SearchShard,
+    ShardFacts,
+    bm25_consistency_problem,
+    retrieval_plan,
+    run_plan,
+    search_shard,
+)
 from llmframe_ray.retrieve.rerank import rerank_hits
-from llmframe_ray.types import Hit, SearchMode, parse_enum
-
-BM25 = SearchMode.BM25.value
-DENSE = SearchMode.DENSE.value
-
-
-class ResultLevel(str, enum.Enum):
-    """Whether hits are chunks, or documents represented by their best chunk."""
-
-    CHUNK = "chunk"
-    DOCUMENT = "document"
-
-    @classmethod
-    def from_str(cls, value: str | ResultLevel) -> ResultLevel:
-        return parse_enum(cls, value, "result level")
+from llmframe_ray.types import Hit, SearchMode
 
 
 class Pipeline:
@@ -56,7 +54,7 @@ class Pipeline:
         self.settings = settings
         self.max_chunks_per_doc = max(s.manifest.max_chunks_per_doc for s in self.shards)
         self.total_chunks = sum(len(s) for s in self.shards)
-        self._weights = {BM25: settings.bm25_weight, DENSE: settings.dense_weight}
+        self.fusion = fusion_settings(settings)
         if embedder is not None:
             _check_model(self.shards[0].manifest.model, embedder)
         for shard in self.shards:  # search-time ANN settings come from the settings, not the build
@@ -128,145 +126,38 @@ class Pipeline:
         if not checked:
             return []
 
-        depth = wanted if mode is not SearchMode.HYBRID else max(wanted, self.settings.fusion_depth)
-        per_ranker: dict[str, list[Candidates]] = {}
         if mode in (SearchMode.BM25, SearchMode.HYBRID):
-            problem = bm25_consistency_problem(self.shards)
+            problem = bm25_consistency_problem([ShardFacts.of(s) for s in self.shards])
             if problem is not None:
                 raise IndexLoadError(problem)
-            per_ranker[BM25] = self._candidates(
-                BM25, lambda shard, rows, k: shard.search_sparse([checked[i] for i in rows], k),
-                len(checked), depth, level,
-            )
-        if uses_dense:
-            vectors = np.ascontiguousarray(self.embedder.embed(checked), dtype=np.float32)
-            per_ranker[DENSE] = self._candidates(
-                DENSE, lambda shard, rows, k: shard.search_dense(vectors[rows], k),
-                len(checked), depth, level,
-            )
-
-        results = []
-        for i in range(len(checked)):
-            candidates = [per_ranker[name][i] for name in (BM25, DENSE) if name in per_ranker]
-            hits = self._hits(candidates, level, depth, wanted)
-            if rerank:
-                hits = rerank_hits(
-                    checked[i], hits, self.reranker, self.settings.reranker_depth, self.settings.reranker_fusion_k
-                )
-            results.append(hits[:top_k])
-        return results
-
-    # stages
-    def _candidates(
-        self,
-        ranker: str,
-        search: Callable[[IndexShard, list[int], int], list[list[tuple[int, float]]]],
-        n_queries: int,
-        depth: int,
-        level: ResultLevel,
-    ) -> list[Candidates]:
-        """Each query's best chunks from every shard, merged, enough to rank `depth` items.
-
-        At document level the number of chunks needed for `depth` distinct documents is not
-        known in advance: start at 2 x depth and double, for the queries still short of
-        `depth` documents, until they have them or the shards have nothing more to give.
-        """
-        out: list[Candidates | None] = [None] * n_queries
-        pending = list(range(n_queries))
-        k = depth if level is ResultLevel.CHUNK else 2 * depth
-        while pending:
-            k = min(k, self.total_chunks)
-            per_shard = [search(shard, pending, min(k, len(shard))) for shard in self.shards]
-            still_short = []
-            for j, i in enumerate(pending):
-                lists = [res[j] for res in per_shard]
-                merged = merge_shard_results(ranker, lists, self._doc_id, k)
-                exhausted = all(len(lst) < min(k, len(s)) for lst, s in zip(lists, self.shards))
-                enough = level is ResultLevel.CHUNK or merged.n_documents >= depth
-                if enough or exhausted or k >= self.total_chunks:
-                    out[i] = merged
-                else:
-                    still_short.append(i)
-            pending = still_short
-            k *= 2
-        return out
-
-    def _doc_id(self, shard: int, row: int) -> str:
-        return self.shards[shard].doc_id(row)
-
-    def _hits(
-        self, candidates: list[Candidates], level: ResultLevel, depth: int, top_k: int
-    ) -> list[Hit]:
-        if level is ResultLevel.CHUNK:
-            lists = [c.chunk_list(depth) for c in candidates]
-            best = {ref.key: ref for c in candidates for ref in c.refs[:depth]}
-        else:
-            lists, best = [], {}
-            for c in candidates:
-                ranked, best_chunks = c.document_list(depth)
-                lists.append(ranked)
-                for doc_id, ref in best_chunks.items():
-                    best.setdefault(doc_id, ref)
-            if len(candidates) > 1:
-                best = self._best_fused_chunks(candidates, best)
-
-        if len(lists) == 1:
-            only = lists[0]
-            items = [
-                (key, score, {only.name: pos + 1})
-                for pos, (key, score) in enumerate(zip(only.keys[:top_k], only.scores[:top_k]))
+        plan = retrieval_plan(
+            checked, mode, level, wanted, [len(s) for s in self.shards], self.fusion
+        )
+        results = run_plan(plan, self.answer)
+        if rerank:
+            results = [
+                rerank_hits(q, hits, self.reranker, self.settings.reranker_depth, self.settings.reranker_fusion_k)
+                for q, hits in zip(checked, results)
             ]
-        else:
-            fused = reciprocal_rank_fusion(
-                lists, k=self.settings.rrf_k, weights=self._weights, limit=top_k
-            )
-            items = [(f.key, f.score, dict(f.ranks)) for f in fused]
-        return [self._hit(best[key], score, rank, ranks) for rank, (key, score, ranks) in enumerate(items, 1)]
+        return [hits[:top_k] for hits in results]
 
-    def _best_fused_chunks(
-        self, candidates: list[Candidates], fallback: dict[str, ChunkRef]
-    ) -> dict[str, ChunkRef]:
-        """Each document's chunk that ranks highest when the chunk lists are fused."""
-        refs = {ref.key: ref for c in candidates for ref in c.refs}
-        fused = reciprocal_rank_fusion(
-            [c.chunk_list() for c in candidates], k=self.settings.rrf_k, weights=self._weights
-        )
-        best: dict[str, ChunkRef] = {}
-        for item in fused:
-            ref = refs[item.key]
-            best.setdefault(ref.doc_id, ref)
-        return {doc_id: best.get(doc_id, ref) for doc_id, ref in fallback.items()}
-
-    def _hit(self, ref: ChunkRef, score: float, rank: int, ranks: dict[str, int]) -> Hit:
-        chunk = self.shards[ref.shard].chunk(ref.row)
-        return Hit(
-            doc_id=chunk.doc_id,
-            chunk_id=chunk.chunk_id,
-            text=chunk.text,
-            title=chunk.title,
-            score=float(score),
-            rank=rank,
-            ranks=ranks,
-        )
+    def answer(self, request: Request) -> Any:
+        """Answer one request of a retrieval plan from the loaded shards and models."""
+        if isinstance(request, Encode):
+            return self.embedder.embed(list(request.texts))
+        if isinstance(request, SearchShard):
+            return search_shard(self.shards[request.shard], request.ranker, request.inputs, request.k)
+        if isinstance(request, ReadChunks):
+            return self.shards[request.shard].chunks(list(request.rows))
+        raise TypeError(f"not a retrieval plan request: {request!r}")
 
 
-def bm25_consistency_problem(shards: Sequence[IndexShard]) -> str | None:
-    """Why BM25 scores of these shards cannot be merged into one ranking (None when they can).
-
-    Shards rank like one index only if each was scored with the statistics of all of them
-    together (see SparseIndex.build): the same recorded corpus, whose size is theirs combined.
-    """
-    if len(shards) == 1:
-        return None
-    recorded = [shard.sparse.corpus for shard in shards]
-    total = {"n_docs": sum(len(s) for s in shards), "n_tokens": sum(s.sparse.n_tokens for s in shards)}
-    if any(r is None or dict(r) != total for r in recorded):
-        return (
-            f"BM25 over these {len(shards)} shards would rank differently from one index: their "
-            "scores were not computed with corpus-wide statistics (rebuild the index with "
-            "`llmframe-ray ingest`), so use mode 'dense'"
-        )
-    return None
+def fusion_settings(settings: Settings) -> FusionSettings:
+    return FusionSettings(
+        rrf_k=settings.rrf_k,
+        weights={BM25: settings.bm25_weight, DENSE: settings.dense_weight},
+        fusion_depth=settings.fusion_depth,
+    )
 
 
 def _check_model(model: dict, embedder: Embedder) -> None:

@@ -6,7 +6,7 @@ These are the composition steps shared by the in-process pipeline and the Serve 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Mapping, Sequence
 
 from llmframe_ray.types import RankedList
 
@@ -66,20 +66,19 @@ class Candidates:
 
 def merge_shard_results(
     ranker: str,
-    per_shard: Sequence[Sequence[tuple[int, float]]],
-    doc_id: Callable[[int, int], str],
+    per_shard: Mapping[int, Sequence[tuple[int, float, str]]],
     limit: int,
 ) -> Candidates:
-    """Merge each shard's (row, score) list into one list, best first.
+    """Merge each shard's (row, score, doc_id) list into one list, best first.
 
-    `doc_id(shard, row)` names a row's document. Equal scores are ordered by document id, then
+    `per_shard` maps a shard number to its list. Equal scores are ordered by document id, then
     row, so documents tie the same way however the corpus is split into shards (all chunks of a
     document live in one shard).
     """
     scored = [
-        (ChunkRef(shard, row, doc_id(shard, row)), float(score))
-        for shard, results in enumerate(per_shard)
-        for row, score in results
+        (ChunkRef(shard, row, doc_id), float(score))
+        for shard, results in per_shard.items()
+        for row, score, doc_id in results
     ]
     scored.sort(key=lambda pair: (-pair[1], pair[0].doc_id, pair[0].row, pair[0].shard))
     scored = scored[:limit]

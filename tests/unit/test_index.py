@@ -405,7 +405,7 @@ def test_one_writer_at_a_time(tmp_path):
 
 def test_bm25_over_shards_needs_corpus_wide_statistics():
     from llmframe_ray.index.sparse import CorpusStats
-    from llmframe_ray.pipeline import bm25_consistency_problem
+    from llmframe_ray.retrieve.plan import ShardFacts, bm25_consistency_problem
 
     chunks = make_chunks()
     split = [[c for c in chunks if c.doc_id in ("doc-1", "doc-3")], [c for c in chunks if c.doc_id not in ("doc-1", "doc-3")]]
@@ -415,9 +415,12 @@ def test_bm25_over_shards_needs_corpus_wide_statistics():
                                 model=MODEL, chunking=CHUNKING, corpus=corpus)
 
     own = [shard(part) for part in split]
-    assert bm25_consistency_problem(own[:1]) is None
-    assert "would rank differently from one index" in bm25_consistency_problem(own)
+    facts = [ShardFacts.of(s) for s in own]
+    assert bm25_consistency_problem(facts[:1]) is None
+    assert "would rank differently from one index" in bm25_consistency_problem(facts)
     corpus = CorpusStats.merge([s.sparse.stats() for s in own])
-    wide = [shard(part, corpus) for part in split]
+    wide = [ShardFacts.of(shard(part, corpus)) for part in split]
     assert bm25_consistency_problem(wide) is None
-    assert "would rank differently" in bm25_consistency_problem(wide[:1] + own[1:])
+    assert "would rank differently" in bm25_consistency_problem(wide[:1] + facts[1:])
+    empty = ShardFacts(size=0, n_tokens=0, corpus=None, model={})
+    assert bm25_consistency_problem(facts[:1] + [empty]) is None
