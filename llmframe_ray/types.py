@@ -1,4 +1,4 @@
-"""Frozen value types shared by every stage: documents, chunks, hits and search modes."""
+"""Frozen value types shared by every stage: documents, chunks, hits, answers and search modes."""
 
 from __future__ import annotations
 
@@ -116,3 +116,37 @@ class Hit:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", _frozen_mapping(self.ranks))
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A retrieved chunk that an answer quotes; `n` is the number shown as `[n]` in the text."""
+
+    n: int
+    doc_id: str
+    chunk_id: str
+    title: str
+    snippet: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A generated (or extracted) answer with the citations its text refers to.
+
+    `finish_reason` is "stop" for a complete answer; other values say why it is not one
+    (for example "no_context" when nothing was retrieved).
+    """
+
+    text: str
+    citations: tuple[Citation, ...]
+    provider: str
+    model: str
+    finish_reason: str = "stop"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "citations", tuple(self.citations))
+
+    @property
+    def cited(self) -> bool:
+        """True when the answer cites at least one chunk."""
+        return len(self.citations) > 0
