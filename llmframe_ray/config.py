@@ -129,6 +129,25 @@ class Settings(BaseSettings):
     ingest_embed_actors: int | None = Field(None, ge=1, le=1024, validation_alias=_env("INGEST_EMBED_ACTORS"))
     index_retention: int = Field(3, ge=1, le=1000, validation_alias=_env("INDEX_RETENTION"))
 
+    # Serving (Ray Serve app, HTTP API)
+    api_secret_key: str | None = Field(
+        None, repr=False, validation_alias=_env("API_SECRET_KEY", "API_SECRET_KEY")
+    )
+    api_keys: str | None = Field(None, repr=False, validation_alias=_env("API_KEYS"))
+    auth_disabled: bool = Field(False, validation_alias=_env("AUTH_DISABLED"))
+    max_request_bytes: int = Field(
+        65536, ge=1024, le=64 * 1024 * 1024, validation_alias=_env("MAX_REQUEST_BYTES")
+    )
+    max_query_chars: int = Field(2000, ge=16, le=100_000, validation_alias=_env("MAX_QUERY_CHARS"))
+    max_top_k: int = Field(100, ge=1, le=1000, validation_alias=_env("MAX_TOP_K"))
+    index_watch_interval_s: float = Field(2.0, ge=0, validation_alias=_env("INDEX_WATCH_INTERVAL_S"))
+
+    @property
+    def api_key_list(self) -> tuple[str, ...]:
+        """API_SECRET_KEY and the comma-separated LLMFRAME_API_KEYS, blanks dropped."""
+        keys = [self.api_secret_key or ""] + (self.api_keys or "").split(",")
+        return tuple(dict.fromkeys(k.strip() for k in keys if k.strip()))
+
     @field_validator("bm25_stemmer", "bm25_stopwords", mode="before")
     @classmethod
     def _none_word(cls, value: Any) -> Any:

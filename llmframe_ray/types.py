@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Mapping, TypeVar
 
@@ -12,6 +12,18 @@ E = TypeVar("E", bound=enum.Enum)
 
 def _frozen_mapping(value: Mapping[str, object] | None) -> Mapping[str, object]:
     return MappingProxyType(dict(value or {}))
+
+
+class _Reducible:
+    """Pickle a frozen dataclass through its constructor: its read-only mappings
+    (MappingProxyType) cannot be pickled as they are, plain dicts can."""
+
+    def __reduce__(self):
+        values = []
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            values.append(dict(value) if isinstance(value, MappingProxyType) else value)
+        return (type(self), tuple(values))
 
 
 def parse_enum(cls: type[E], value: object, what: str) -> E:
@@ -38,7 +50,7 @@ class SearchMode(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Document:
+class Document(_Reducible):
     """A parsed source document. `doc_id` is stable across re-ingestion."""
 
     doc_id: str
@@ -97,7 +109,7 @@ class RankedList:
 
 
 @dataclass(frozen=True)
-class Hit:
+class Hit(_Reducible):
     """One search result.
 
     `score` is the final score of the mode (BM25 score, cosine similarity, or fused RRF score;

@@ -113,7 +113,24 @@ class ExtractiveAnswerer:
 
     def answer(self, question: str, hits: Sequence[Hit]) -> Answer:
         """The whole answer at once; its text is what `stream` yields, joined."""
+        return self._answer_of(self._plan(question, hits))
+
+    def stream(self, question: str, hits: Sequence[Hit]) -> Iterator[str]:
+        """The answer text in deltas. A blank question raises here, before any delta."""
+        return _render(self._plan(question, hits))
+
+    def events(self, question: str, hits: Sequence[Hit]) -> Iterator[str | Answer]:
+        """The deltas of `stream`, then the complete Answer (with its citations).
+        A blank question raises here, before any delta."""
         plan = self._plan(question, hits)
+
+        def run() -> Iterator[str | Answer]:
+            yield from _render(plan)
+            yield self._answer_of(plan)
+
+        return run()
+
+    def _answer_of(self, plan: _Plan) -> Answer:
         return Answer(
             text="".join(_render(plan)),
             citations=plan.citations,
@@ -121,10 +138,6 @@ class ExtractiveAnswerer:
             model=self.model,
             finish_reason=plan.finish_reason,
         )
-
-    def stream(self, question: str, hits: Sequence[Hit]) -> Iterator[str]:
-        """The answer text in deltas. A blank question raises here, before any delta."""
-        return _render(self._plan(question, hits))
 
     def _plan(self, question: str, hits: Sequence[Hit]) -> _Plan:
         if not question.strip():

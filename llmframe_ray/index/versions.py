@@ -33,7 +33,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from llmframe_ray.errors import IndexLoadError, LLMFrameError
 from llmframe_ray.index import atomic
-from llmframe_ray.index.manifest import utc_now
+from llmframe_ray.index.manifest import MANIFEST_NAME, utc_now
 from llmframe_ray.index.shard import IndexShard
 
 VERSIONS_DIR = "versions"
@@ -185,6 +185,22 @@ class IndexDirectory:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise IndexLoadError(f"{path} is unreadable: {exc}") from None
         return info
+
+    def describe(self, version: str) -> dict[str, Any]:
+        """A version's record with every shard's manifest, as JSON-ready data (for /v1/index)."""
+        info = self.version_info(version)
+        empty = set(info.get("empty_shards", []))
+        shards = []
+        for i in range(int(info["shards"])):
+            entry: dict[str, Any] = {"shard": i, "empty": i in empty}
+            if i not in empty:
+                path = self.versions_dir / version / shard_dir_name(i) / MANIFEST_NAME
+                try:
+                    entry["manifest"] = json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError) as exc:
+                    raise IndexLoadError(f"{path} is unreadable: {exc}") from None
+            shards.append(entry)
+        return {"index": str(self.root), **info, "version": version, "shard_manifests": shards}
 
     def prune(self, keep: int, protect: Sequence[str] = ()) -> list[str]:
         """Delete complete versions older than the newest `keep`, never the served one nor

@@ -249,3 +249,16 @@ def test_answer_is_frozen_and_stores_citations_as_a_tuple():
     assert Answer("x", [], "p", "m").cited is False
     with pytest.raises(dataclasses.FrozenInstanceError):
         answer.text = "y"  # type: ignore[misc]
+
+
+def test_events_are_the_deltas_then_the_answer():
+    answerer = ExtractiveAnswerer()
+    question = "How do glaciers move?"
+    hits = [
+        Hit("d1", "d1#0", "Glaciers move slowly downhill under their own weight. Snow falls.", 2.0, 1),
+        Hit("d2", "d2#0", "Rivers carry sediment to the sea over many years.", 1.0, 2),
+    ]
+    events = list(answerer.events(question, hits))
+    assert events[:-1] == list(answerer.stream(question, hits))
+    assert events[-1] == answerer.answer(question, hits)
+    assert events[-1].citations[0].doc_id == "d1"

@@ -1,0 +1,192 @@
+"""The HTTP API (FastAPI): routes, API-key auth, body size limit, errors, Server-Sent Events.
+
+    GET  /healthz            alive (no key needed)
+    GET  /readyz             every stage up and the index loaded (no key needed)
+    GET  /v1/index           the served version's manifest
+    POST /v1/index/reload    switch to the index's CURRENT version now
+    GET  /v1/stats           batch sizes seen by the batched stages
+    POST /v1/search          ranked hits
+    POST /v1/query           an answer with citations; `stream: true` answers as SSE
+
+Every error body is {"error": {"type", "message", "field"}}.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from llmframe_ray.config import Settings
+from llmframe_ray.errors import IndexLoadError, LLMFrameError
+from llmframe_ray.serve.auth import ApiKeys, presented_key
+from llmframe_ray.serve.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
+from llmframe_ray.serve.service import FieldError, RagService, StageUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, kind: str, message: str, field: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message, self.field, self.headers = status, kind, message, field, headers
+
+
+def error_response(status: int, kind: str, message: str, field: str | None = None, headers: dict | None = None) -> JSONResponse:
+    body = {"error": {"type": kind, "message": message, "field": field}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over `limit` bytes, by Content-Length or as it streams in."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    def _too_large(self, size: str) -> JSONResponse:
+        return error_response(
+            413, "request_too_large",
+            f"request body is {size} bytes; the limit is {self.limit} (LLMFRAME_MAX_REQUEST_BYTES)",
+        )
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._too_large(length.decode())(scope, receive, send)
+            return
+        # Read the whole body first (it is small by design): a body sent without a length
+        # is stopped as soon as it passes the limit, and the app sees it only when it fits.
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await self._too_large(f"more than {self.limit}")(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _field_of(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    if not parts or parts[0].isdigit():  # JSON that does not parse: loc is ("body", position)
+        return "body"
+    return ".".join(parts)
+
+
+def create_app(service: RagService, keys: ApiKeys, settings: Settings) -> FastAPI:
+    app = FastAPI(
+        title="llmframe-ray",
+        version="1",
+        description="Hybrid retrieval (BM25 + dense, RRF), cross-encoder reranking and answers with citations.",
+        responses={401: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+    )
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.kind, exc.message, exc.field, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        field = _field_of(tuple(first.get("loc", ())))
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        if field == "body" and first.get("type") == "json_invalid":
+            message = f"the body is not valid JSON ({first.get('ctx', {}).get('error', message)})"
+        return error_response(422, "invalid_request", f"{field}: {message}", field)
+
+    @app.exception_handler(FieldError)
+    async def _field_error(request: Request, exc: FieldError) -> JSONResponse:
+        return error_response(422, "invalid_request", str(exc), exc.field)
+
+    @app.exception_handler(IndexLoadError)
+    async def _index_error(request: Request, exc: IndexLoadError) -> JSONResponse:
+        return error_response(503, "index_unavailable", str(exc))
+
+    @app.exception_handler(StageUnavailableError)
+    async def _stage_error(request: Request, exc: StageUnavailableError) -> JSONResponse:
+        return error_response(503, "stage_unavailable", str(exc))
+
+    @app.exception_handler(LLMFrameError)
+    async def _other_error(request: Request, exc: LLMFrameError) -> JSONResponse:
+        logger.error("request failed: %s", exc)
+        return error_response(500, "server_error", str(exc))
+
+    async def require_key(request: Request) -> None:
+        if not keys.allows(presented_key(request.headers)):
+            raise ApiError(
+                401, "unauthorized", "a valid API key is required (X-API-Key header or Authorization: Bearer)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    auth = [Depends(require_key)]
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        states = await service.stages.readiness()
+        ready = all(state == "ready" for state in states.values())
+        return JSONResponse({"status": "ready" if ready else "not ready", "stages": states}, status_code=200 if ready else 503)
+
+    @app.get("/v1/index", dependencies=auth)
+    async def index_info() -> dict:
+        return await service.stages.index_info()
+
+    @app.post("/v1/index/reload", dependencies=auth)
+    async def reload() -> dict:
+        return await service.stages.reload()
+
+    @app.get("/v1/stats", dependencies=auth)
+    async def stats() -> dict:
+        return await service.stages.stats()
+
+    @app.post("/v1/search", dependencies=auth, response_model=SearchResponse)
+    async def search(body: SearchRequest) -> SearchResponse:
+        return await service.search(body)
+
+    @app.post("/v1/query", dependencies=auth, response_model=QueryResponse)
+    async def query(body: QueryRequest) -> Any:
+        if not body.stream:
+            return await service.query(body)
+        ranked = await service.retrieve_for_answer(body)
+        return StreamingResponse(
+            _sse(service.answer_events(body.question, ranked)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
+    return app
+
+
+async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[str]:
+    try:
+        async for name, data in events:
+            yield f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    except Exception as exc:  # the status line is gone: report the failure in the stream
+        logger.error("answer stream failed: %s", exc)
+        message = str(exc) if isinstance(exc, LLMFrameError) else "the answer stream failed"
+        yield f"event: error\ndata: {json.dumps({'type': 'stream_failed', 'message': message})}\n\n"

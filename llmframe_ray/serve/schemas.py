@@ -1,0 +1,114 @@
+"""Request and response bodies of the HTTP API (pydantic; the OpenAPI schema at /docs)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from llmframe_ray.types import Answer, Hit
+
+Mode = Literal["bm25", "dense", "hybrid"]
+Level = Literal["document", "chunk"]
+
+
+def _not_blank(value: str) -> str:
+    stripped = value.strip()
+    if not stripped:
+        raise ValueError("must not be empty or whitespace only")
+    return stripped
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(..., description="The search text.")
+    top_k: int = Field(10, ge=1, le=1000, description="Hits to return (at most LLMFRAME_MAX_TOP_K).")
+    mode: Mode | None = Field(None, description="bm25, dense or hybrid (default: hybrid if HYBRID_SEARCH_ENABLED).")
+    rerank: bool | None = Field(None, description="Rescore the head with the cross-encoder (default: RERANKER_ENABLED).")
+    level: Level = Field("document", description="document: best chunk per document; chunk: every chunk.")
+
+    _query = field_validator("query")(_not_blank)
+
+
+class QueryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(..., description="The question to answer from the index.")
+    top_k: int = Field(5, ge=1, le=1000, description="Passages given to the generator.")
+    stream: bool = Field(False, description="Answer as Server-Sent Events.")
+    mode: Mode | None = None
+    rerank: bool | None = None
+
+    _question = field_validator("question")(_not_blank)
+
+
+class HitOut(BaseModel):
+    rank: int
+    doc_id: str
+    chunk_id: str
+    title: str
+    text: str
+    score: float
+    ranks: dict[str, int] = Field(description="Rank each ranker gave this item (bm25, dense, rerank).")
+
+    @classmethod
+    def of(cls, hit: Hit) -> HitOut:
+        return cls(
+            rank=hit.rank, doc_id=hit.doc_id, chunk_id=hit.chunk_id, title=hit.title,
+            text=hit.text, score=hit.score, ranks=dict(hit.ranks),
+        )
+
+
+class SearchResponse(BaseModel):
+    version: str
+    mode: Mode
+    level: Level
+    reranked: bool
+    hits: list[HitOut]
+    timings_ms: dict[str, float]
+
+
+class CitationOut(BaseModel):
+    n: int = Field(description="The [n] marker in the answer.")
+    doc_id: str
+    chunk_id: str
+    title: str
+    snippet: str
+
+
+class AnswerOut(BaseModel):
+    answer: str
+    cited: bool = Field(description="False when the answer cites no passage.")
+    citations: list[CitationOut]
+    provider: str
+    model: str
+    finish_reason: str
+
+    @classmethod
+    def of(cls, answer: Answer) -> AnswerOut:
+        return cls(
+            answer=answer.text,
+            cited=answer.cited,
+            citations=[CitationOut(**vars(c)) for c in answer.citations],
+            provider=answer.provider,
+            model=answer.model,
+            finish_reason=answer.finish_reason,
+        )
+
+
+class QueryResponse(AnswerOut):
+    version: str
+    mode: Mode
+    reranked: bool
+    timings_ms: dict[str, float]
+
+
+class ErrorBody(BaseModel):
+    type: str
+    message: str
+    field: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
