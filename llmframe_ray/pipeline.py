@@ -8,7 +8,7 @@ The Serve Retriever runs the same plan with deployment handle calls.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 
 from llmframe_ray.config import Settings
@@ -56,7 +56,7 @@ class Pipeline:
         self.total_chunks = sum(len(s) for s in self.shards)
         self.fusion = fusion_settings(settings)
         if embedder is not None:
-            _check_model(self.shards[0].manifest.model, embedder)
+            check_model(self.shards[0].manifest.model, embedder.info())
         for shard in self.shards:  # search-time ANN settings come from the settings, not the build
             shard.dense.set_search_params(
                 hnsw_ef_search=settings.hnsw_ef_search, ivf_nprobe=settings.ivf_nprobe
@@ -160,12 +160,13 @@ def fusion_settings(settings: Settings) -> FusionSettings:
     )
 
 
-def _check_model(model: dict, embedder: Embedder) -> None:
+def check_model(model: Mapping[str, Any], embedder: Mapping[str, Any]) -> None:
+    """The index's embedding model (`model`, from its manifest) must be the embedder's (`info()`)."""
     name, dim = model.get("name"), model.get("dim")
     # a hosted model's dimension may be unknown (0) until its first call
-    if name != embedder.name or (embedder.dim and dim != embedder.dim):
+    if name != embedder["name"] or (embedder["dim"] and dim != embedder["dim"]):
         raise ModelError(
             f"the index was built with embedding model {name!r} (dim {dim}), but the loaded "
-            f"embedder is {embedder.name!r} (dim {embedder.dim}); rebuild the index or change "
+            f"embedder is {embedder['name']!r} (dim {embedder['dim']}); rebuild the index or change "
             "EMBEDDING_PROVIDER"
         )

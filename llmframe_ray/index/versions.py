@@ -186,6 +186,18 @@ class IndexDirectory:
             raise IndexLoadError(f"{path} is unreadable: {exc}") from None
         return info
 
+    def load_shard(self, version: str, shard: int, *, mmap: bool = True) -> IndexShard | None:
+        """Shard number `shard` of `version`; None when that version left it empty."""
+        if not _VERSION_ID.match(version):
+            raise IndexLoadError(f"{version!r} is not a version id")
+        info = self.version_info(version)
+        n_shards = int(info["shards"])
+        if not 0 <= shard < n_shards:
+            raise IndexLoadError(f"version {version} has {n_shards} shards; there is no shard {shard}")
+        if shard in set(info.get("empty_shards", [])):
+            return None
+        return IndexShard.load(self.versions_dir / version / shard_dir_name(shard), mmap=mmap)
+
     def describe(self, version: str) -> dict[str, Any]:
         """A version's record with every shard's manifest, as JSON-ready data (for /v1/index)."""
         info = self.version_info(version)

@@ -156,6 +156,9 @@ def test_embedder_that_does_not_match_index(index_dir, settings, embedder):
     class Other:
         name, dim = "other-model", embedder.dim
 
+        def info(self):
+            return {"name": self.name, "dim": self.dim}
+
     with pytest.raises(ModelError) as err:
         Pipeline.open(index_dir, settings, Other())
     assert "built with embedding model 'all-MiniLM-L6-v2' (dim 384)" in str(err.value)

@@ -1,0 +1,78 @@
+"""The app builder: `build_app(args)` composes the deployments into one Serve application.
+
+    Ingress -> Retriever -> QueryEncoder, DenseShard-i and SparseShard-i for every shard i
+            -> Reranker (when enabled) -> Generator
+
+Used by `serve run deployments/local.yaml`, `serve deploy deployments/cluster.yaml`, KubeRay
+(deployments/rayservice.yaml) and `llmframe-ray serve --index DIR`.
+"""
+
+# No `from __future__ import annotations` here: Serve validates `args` against the builder's
+# annotation only when it is a real class.
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+from ray.serve import Application
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.errors import IndexLoadError
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.serve.auth import ApiKeys
+from llmframe_ray.serve.dense_shard import DenseShard
+from llmframe_ray.serve.encoder import QueryEncoder
+from llmframe_ray.serve.generator import Generator
+from llmframe_ray.serve.ingress import Ingress
+from llmframe_ray.serve.reranker import Reranker
+from llmframe_ray.serve.retriever import Retriever
+from llmframe_ray.serve.shard_server import shard_deployment_name
+from llmframe_ray.serve.sparse_shard import SparseShard
+
+
+class AppArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index_dir: str = Field(description="Index directory (its CURRENT version is served); relative paths are resolved where the app is built.")
+    settings: dict[str, Any] = Field(default_factory=dict, description="Overrides of LLMFRAME_* settings, by field name (e.g. reranker_model).")
+    reranker: Optional[bool] = Field(None, description="Deploy the Reranker (default: LLMFRAME_RERANKER_ENABLED).")
+    shard_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Serve deployment options for every DenseShard-i / SparseShard-i (num_replicas, autoscaling_config, ray_actor_options, ...).",
+    )
+
+
+def build_app(args: AppArgs) -> Application:
+    if not isinstance(args, AppArgs):
+        args = AppArgs.model_validate(args)
+    overrides = dict(args.settings)
+    settings = load_settings(**overrides)  # a bad setting fails here, before any replica starts
+    ApiKeys.from_settings(settings)
+    root = Path(args.index_dir).expanduser().resolve()
+    index = IndexDirectory(root)
+    current = index.current_version()
+    if current is None:
+        raise IndexLoadError(f"no published version in {root}; build one with `llmframe-ray ingest`")
+    n_shards = int(index.version_info(current)["shards"])
+
+    encoder = QueryEncoder.bind(overrides)
+    dense = [
+        DenseShard.options(name=shard_deployment_name("DenseShard", i), **args.shard_options).bind(str(root), i, overrides)
+        for i in range(n_shards)
+    ]
+    sparse = [
+        SparseShard.options(name=shard_deployment_name("SparseShard", i), **args.shard_options).bind(str(root), i, overrides)
+        for i in range(n_shards)
+    ]
+    retriever = Retriever.bind(encoder, dense, sparse, str(root), overrides)
+    use_reranker = settings.reranker_enabled if args.reranker is None else args.reranker
+    reranker = Reranker.bind(overrides) if use_reranker else None
+    generator = Generator.bind(overrides)
+
+    probes = {"QueryEncoder": encoder, "Retriever": retriever, "Generator": generator}
+    probes.update({shard_deployment_name("DenseShard", i): d for i, d in enumerate(dense)})
+    probes.update({shard_deployment_name("SparseShard", i): s for i, s in enumerate(sparse)})
+    batched = {"QueryEncoder": encoder}
+    if reranker is not None:
+        probes["Reranker"] = reranker
+        batched["Reranker"] = reranker
+    return Ingress.bind(retriever, reranker, generator, probes, batched, overrides)

@@ -1,0 +1,115 @@
+"""Ingress: the FastAPI app (serve/http.py) with its stages reached through deployment handles."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.handle import DeploymentHandle
+
+from llmframe_ray.errors import LLMFrameError
+from llmframe_ray.retrieve.plan import ResultLevel
+from llmframe_ray.serve.auth import ApiKeys
+from llmframe_ray.serve.http import create_app
+from llmframe_ray.serve.replica import replica_settings, unwrap
+from llmframe_ray.serve.service import RagService, Retrieved, StageUnavailableError
+from llmframe_ray.types import Answer, Hit, SearchMode
+
+LOST = (RayActorError, ActorDiedError, ActorUnavailableError)
+ATTEMPTS = 2  # a call whose replica died is sent once more (Serve routes it to a live one)
+PROBE_TIMEOUT_S = 5.0
+
+
+class ServeStages:
+    """The RagService stages as calls to the app's deployments."""
+
+    def __init__(
+        self,
+        retriever: DeploymentHandle,
+        reranker: DeploymentHandle | None,
+        generator: DeploymentHandle,
+        probes: Mapping[str, DeploymentHandle],
+        batched: Mapping[str, DeploymentHandle],
+    ) -> None:
+        self.retriever, self.reranker, self.generator = retriever, reranker, generator
+        self.probes, self.batched = dict(probes), dict(batched)
+        self.has_reranker = reranker is not None
+
+    @staticmethod
+    async def _call(stage: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return await send()
+            except Exception as exc:
+                cause = unwrap(exc)
+                if isinstance(cause, LLMFrameError):
+                    raise cause from None
+                if not isinstance(cause, LOST) and not isinstance(exc, LOST):
+                    raise
+                if attempt == ATTEMPTS:
+                    raise StageUnavailableError(f"the {stage} stage is unavailable: {cause}") from None
+        raise AssertionError("unreachable")
+
+    async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
+        return await self._call("retriever", lambda: self.retriever.retrieve.remote(query, mode, level, top_k))
+
+    async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
+        return await self._call("reranker", lambda: self.reranker.score.remote(query, passages))
+
+    async def answer(self, question: str, hits: list[Hit]) -> Answer:
+        return await self._call("generator", lambda: self.generator.answer.remote(question, hits))
+
+    async def answer_events(self, question: str, hits: list[Hit]) -> AsyncIterator[str | Answer]:
+        stream = self.generator.options(stream=True).events.remote(question, hits)
+        try:
+            async for item in stream:
+                yield item
+        except Exception as exc:
+            cause = unwrap(exc)
+            raise (cause if isinstance(cause, LLMFrameError) else StageUnavailableError(
+                f"the generator stream failed: {cause}")) from None
+
+    async def readiness(self) -> dict[str, str]:
+        async def probe(handle: DeploymentHandle) -> str:
+            try:
+                return await asyncio.wait_for(handle.ready.remote(), PROBE_TIMEOUT_S)
+            except Exception as exc:
+                return f"not ready: {type(unwrap(exc)).__name__}: {unwrap(exc)}"
+
+        names = list(self.probes)
+        states = await asyncio.gather(*(probe(self.probes[n]) for n in names))
+        return dict(zip(names, states))
+
+    async def index_info(self) -> dict[str, Any]:
+        return await self._call("retriever", lambda: self.retriever.index_info.remote())
+
+    async def reload(self) -> dict[str, Any]:
+        return await self._call("retriever", lambda: self.retriever.reload.remote())
+
+    async def stats(self) -> dict[str, Any]:
+        names = list(self.batched)
+        values = await asyncio.gather(*(self.batched[n].batch_stats.remote() for n in names))
+        return {"note": "counters of the replica that answered, since it started", **dict(zip(names, values))}
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+@serve.ingress()
+class Ingress:
+    def __init__(
+        self,
+        retriever: DeploymentHandle,
+        reranker: DeploymentHandle | None,
+        generator: DeploymentHandle,
+        probes: Mapping[str, DeploymentHandle],
+        batched: Mapping[str, DeploymentHandle],
+        overrides: Mapping[str, Any],
+    ) -> None:
+        self.settings = replica_settings(overrides)
+        self.keys = ApiKeys.from_settings(self.settings)
+        stages = ServeStages(retriever, reranker, generator, probes, batched)
+        self.service = RagService(stages, self.settings)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return create_app(self.service, self.keys, self.settings)

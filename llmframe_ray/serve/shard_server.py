@@ -1,0 +1,90 @@
+"""One shard position of an index, served across versions (the body of DenseShard/SparseShard).
+
+A replica is bound to shard number `shard` of an index directory. Each call names the version it
+belongs to, so a request that started on one version finishes on it while newer requests use the
+next: versions are loaded on first use (one load at a time per version) and the newest
+`keep_versions` stay loaded. A version dropped from the cache stays alive for calls still using
+it (its files are memory-mapped, so a pruned version remains readable until then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Any, Sequence
+
+from llmframe_ray.config import Settings
+from llmframe_ray.index.shard import IndexShard
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.retrieve.plan import ShardFacts, ShardResults, search_shard
+from llmframe_ray.types import Chunk
+
+EMPTY = ShardFacts(size=0, n_tokens=0, corpus=None, model={})
+
+
+class ShardServer:
+    ranker: str = ""  # set by the deployment class: "dense" or "bm25"
+
+    def __init__(self, index_dir: str, shard: int, settings: Settings, keep_versions: int = 2) -> None:
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+        self.index = IndexDirectory(index_dir)
+        self.shard = shard
+        self.settings = settings
+        self.keep_versions = keep_versions
+        self._loaded: OrderedDict[str, IndexShard | None] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+        current = self.index.current_version()
+        if current is not None:
+            self._remember(current, self._load(current))
+
+    def _load(self, version: str) -> IndexShard | None:
+        shard = self.index.load_shard(version, self.shard)
+        if shard is not None:
+            shard.dense.set_search_params(
+                hnsw_ef_search=self.settings.hnsw_ef_search, ivf_nprobe=self.settings.ivf_nprobe
+            )
+        return shard
+
+    def _remember(self, version: str, shard: IndexShard | None) -> None:
+        self._loaded[version] = shard
+        while len(self._loaded) > self.keep_versions:
+            oldest = min(self._loaded)  # version ids sort by publication time
+            del self._loaded[oldest]
+            self._locks.pop(oldest, None)
+
+    async def version(self, version: str) -> IndexShard | None:
+        if version in self._loaded:
+            return self._loaded[version]
+        lock = self._locks.setdefault(version, asyncio.Lock())
+        async with lock:
+            if version not in self._loaded:
+                self._remember(version, await asyncio.to_thread(self._load, version))
+        return self._loaded.get(version)
+
+    async def search(self, version: str, inputs: Any, k: int) -> ShardResults:
+        shard = await self.version(version)
+        if shard is None:
+            return [[] for _ in range(len(inputs))]
+        return await asyncio.to_thread(search_shard, shard, self.ranker, inputs, k)
+
+    async def chunks(self, version: str, rows: Sequence[int]) -> list[Chunk]:
+        shard = await self.version(version)
+        if shard is None:
+            raise ValueError(f"shard {self.shard} of version {version} is empty; it has no rows")
+        return shard.chunks(list(rows))
+
+    async def describe(self, version: str) -> ShardFacts:
+        shard = await self.version(version)
+        return EMPTY if shard is None else ShardFacts.of(shard)
+
+    def loaded_versions(self) -> list[str]:
+        return list(self._loaded)
+
+    def ready(self) -> str:
+        return "ready"
+
+
+def shard_deployment_name(kind: str, shard: int) -> str:
+    return f"{kind}-{shard}"
+
