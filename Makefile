@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 WORK := .llmframe
 SAMPLE_DIR := $(WORK)/sample-corpus
 SAMPLE_INDEX := $(WORK)/sample-index
-QUERY ?= how do I parse a JSON document into Python objects
+KEY_FILE := $(WORK)/api-key
 
 .PHONY: setup run test clean
 
@@ -19,11 +19,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]" "torch==2.13.0"
 	touch $(STAMP)
 
+# Ingest the bundled sample corpus with the Ray Data job (incremental: a rerun with nothing new
+# publishes nothing), then `serve run` it and print curl commands once it is ready.
 run: setup
-	test -f $(SAMPLE_INDEX)/CURRENT || { \
-	  $(BIN)/llmframe-ray index sample $(SAMPLE_DIR) && \
-	  $(BIN)/llmframe-ray index build $(SAMPLE_DIR) --index $(SAMPLE_INDEX); }
-	$(BIN)/llmframe-ray search "$(QUERY)" --index $(SAMPLE_INDEX) --top-k 5
+	test -d $(SAMPLE_DIR) || $(BIN)/llmframe-ray index sample $(SAMPLE_DIR)
+	$(BIN)/llmframe-ray ingest $(SAMPLE_DIR) --index $(SAMPLE_INDEX) --shards 2
+	test -s $(KEY_FILE) || $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > $(KEY_FILE)
+	@export API_SECRET_KEY="$$(cat $(KEY_FILE))"; \
+	$(BIN)/serve run deployments/local.yaml & pid=$$!; \
+	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
+	$(BIN)/python scripts/wait_ready.py --pid $$pid --url http://127.0.0.1:8000 --key-file $(KEY_FILE) \
+	  || { kill -TERM $$pid 2>/dev/null; wait $$pid; exit 1; }; \
+	wait $$pid
 
 # pytest exits 5 when it collected no test: that is a failure here.
 test: setup

@@ -235,6 +235,44 @@ def train_reranker_command(
             typer.echo(f"  validation {name}: nDCG@10 {figures['nDCG@10']:.4f}")
 
 
+@app.command("serve")
+def serve_command(
+    index: Path = typer.Option(..., "--index", help="Index directory; its CURRENT version is served, and newer ones as they are published."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    reranker: Optional[bool] = typer.Option(None, "--reranker/--no-reranker", help="Deploy the cross-encoder (default: RERANKER_ENABLED)."),
+) -> None:
+    """Serve an index over HTTP with Ray Serve (the app of `serve run deployments/local.yaml`).
+
+    Uses RAY_ADDRESS when set, else starts a local Ray with this machine's CPUs; runs until
+    interrupted (Ctrl-C or SIGTERM), then shuts the app down.
+    """
+    import signal
+
+    from ray import serve
+
+    from llmframe_ray.batch.job import ray_session
+    from llmframe_ray.serve.app import AppArgs, build_app
+
+    settings = _settings()
+    application = build_app(AppArgs(index_dir=str(index), reranker=reranker))
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda number, frame: stop.append(number))
+    with ray_session(settings):
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(application, name="llmframe", route_prefix="/")
+        url = f"http://{host}:{port}"
+        typer.echo(f"serving {index} at {url} (OpenAPI docs: {url}/docs); try:")
+        typer.echo(
+            f"  curl -s {url}/v1/search -H \"X-API-Key: $API_SECRET_KEY\" "
+            "-H 'Content-Type: application/json' -d '{\"query\": \"your question\", \"top_k\": 5}'"
+        )
+        while not stop:
+            signal.pause()
+        serve.shutdown()
+
+
 def main() -> None:
     try:
         # without standalone mode, click returns an Exit's code instead of raising it

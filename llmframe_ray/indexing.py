@@ -6,6 +6,7 @@ running in one process except `build_index`, which strings them together.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -15,9 +16,9 @@ import numpy as np
 
 from llmframe_ray.config import Settings
 from llmframe_ray.index.dense import DenseParams
-from llmframe_ray.index.shard import IndexShard
-from llmframe_ray.index.sparse import SparseParams
-from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.index.shard import IndexShard, shard_of
+from llmframe_ray.index.sparse import CorpusStats, SparseIndex, SparseParams
+from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
 from llmframe_ray.ingest.chunker import Chunker, HFTokenCounter, WhitespaceTokenCounter
 from llmframe_ray.models.embedder import SPECIAL_TOKENS, Embedder
 from llmframe_ray.types import Chunk, Document
@@ -63,7 +64,13 @@ def chunking_params(settings: Settings) -> dict[str, object]:
     return {"chunk_size": settings.chunk_size, "chunk_overlap": settings.chunk_overlap}
 
 
-def build_shard(chunks: Sequence[Chunk], embeddings: np.ndarray, embedder: Embedder, settings: Settings) -> IndexShard:
+def build_shard(
+    chunks: Sequence[Chunk],
+    embeddings: np.ndarray,
+    embedder: Embedder,
+    settings: Settings,
+    corpus: CorpusStats | None = None,
+) -> IndexShard:
     return IndexShard.build(
         chunks,
         embeddings,
@@ -71,6 +78,7 @@ def build_shard(chunks: Sequence[Chunk], embeddings: np.ndarray, embedder: Embed
         sparse=SparseParams.from_settings(settings),
         model=embedder.info(),
         chunking=chunking_params(settings),
+        corpus=corpus,
     )
 
 
@@ -87,8 +95,10 @@ def build_index(
     settings: Settings,
     embedder: Embedder,
     progress: Progress | None = None,
+    shards: int = 1,
 ) -> str:
-    """Chunk, embed and index `documents` as one shard; publish it as a new version.
+    """Chunk, embed and index `documents` into `shards` shards (routed by `shard_of`, BM25
+    scored with corpus-wide statistics, as the ingestion job does); publish a new version.
 
     Leftovers of an earlier build of the same directory that crashed are removed first: one
     writer per index directory at a time.
@@ -102,8 +112,25 @@ def build_index(
     if progress is not None:
         progress("chunk", len(chunks), len(chunks))
     embeddings = embed_chunks(chunks, embedder, progress)
-    shard = build_shard(chunks, embeddings, embedder, settings)
-    return directory.publish([shard])
+    if shards == 1:
+        return directory.publish([build_shard(chunks, embeddings, embedder, settings)])
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, got {shards}")
+    rows = [[i for i, c in enumerate(chunks) if shard_of(c.doc_id, shards) == s] for s in range(shards)]
+    params = SparseParams.from_settings(settings)
+    corpus = CorpusStats.merge(
+        [SparseIndex.build([chunks[i].indexed_text for i in part], params).stats() for part in rows if part]
+    )
+    version, tmp = directory.stage()
+    try:
+        for s, part in enumerate(rows):
+            if part:
+                shard = build_shard([chunks[i] for i in part], embeddings[part], embedder, settings, corpus)
+                shard.save(tmp / shard_dir_name(s))
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory.commit(version, tmp, shards)
 
 
 def stderr_progress() -> Progress:

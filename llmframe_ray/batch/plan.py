@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Iterable, Mapping, Sequence
 
 from llmframe_ray.errors import LLMFrameError
+from llmframe_ray.index.shard import shard_of  # noqa: F401  (re-exported: the routing rule)
 from llmframe_ray.types import Chunk
 
 _CHUNK_FIELDS = tuple(f.name for f in fields(Chunk))
@@ -26,11 +27,6 @@ _CHUNK_FIELDS = tuple(f.name for f in fields(Chunk))
 
 class PlanError(LLMFrameError):
     """The run's arguments contradict each other or the existing index."""
-
-
-def shard_of(doc_id: str, n_shards: int) -> int:
-    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % n_shards
 
 
 def chunk_to_json(chunk: Chunk) -> str:

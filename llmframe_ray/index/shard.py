@@ -13,6 +13,7 @@ either is complete or does not exist; a directory without manifest.json is debri
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from dataclasses import dataclass, replace
@@ -32,6 +33,12 @@ from llmframe_ray.types import Chunk
 DENSE_FILE = "dense.faiss"
 SPARSE_DIR = "sparse"
 MODEL_KEYS = ("name", "provider", "dim", "max_length")
+
+
+def shard_of(doc_id: str, n_shards: int) -> int:
+    """The shard a document's chunks live in: blake2b(doc_id) mod n_shards."""
+    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % n_shards
 
 
 def _check_inputs(chunks: Sequence[Chunk], embeddings: Any, model: Mapping[str, Any]) -> None:

@@ -251,3 +251,19 @@ def test_reranker_enabled_switch(index_dir, embedder):
     assert "rerank" not in pipeline.search("lava", rerank=False)[0].ranks
     with pytest.raises(ModelError, match="reranking was asked for but no reranker is loaded"):
         Pipeline.open(index_dir, on, embedder).search("lava")
+
+
+def test_sharded_build_ranks_like_one_shard(tmp_path, settings, embedder, pipeline):
+    from llmframe_ray.index.shard import shard_of
+
+    root = tmp_path / "three"
+    build_index(DOCS, root, settings, embedder, shards=3)
+    loaded = IndexDirectory(root).load()
+    assert len(loaded.shards) + len(loaded.info["empty_shards"]) == 3
+    for shard_id, shard in zip(loaded.shard_ids, loaded.shards):
+        assert {shard.doc_id(r) for r in range(len(shard))} == {d.doc_id for d in DOCS if shard_of(d.doc_id, 3) == shard_id}
+    sharded = Pipeline(loaded.shards, embedder, settings)
+    for query in ("moon and tides", "sourdough bread yeast", "ZQ7731", "glaciers"):
+        for mode in ("bm25", "dense", "hybrid"):
+            expected = [(h.doc_id, h.chunk_id, round(h.score, 5)) for h in pipeline.search(query, mode, 5)]
+            assert [(h.doc_id, h.chunk_id, round(h.score, 5)) for h in sharded.search(query, mode, 5)] == expected
