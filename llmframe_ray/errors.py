@@ -6,7 +6,21 @@ from pathlib import Path
 
 
 class LLMFrameError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose.
+
+    Errors cross process boundaries (a Ray replica raises, the caller handles): they pickle as
+    their message and attributes, whatever their constructor's arguments.
+    """
+
+    def __reduce__(self):
+        return (_rebuild_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild_error(cls: type, args: tuple, state: dict) -> LLMFrameError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(LLMFrameError):

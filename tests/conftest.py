@@ -19,3 +19,28 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def embedder(model_dir) -> OnnxEmbedder:
     return OnnxEmbedder(model_dir, max_length=256, batch_size=16, threads=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker_dir(tmp_path_factory) -> Path:
+    """A small random cross-encoder (seeded BERT, MiniLM tokenizer) exported to ONNX: real
+    scores from a real runtime, cheap enough for the Serve tests."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from llmframe_ray.models.export import bundled_minilm_path, export_graph
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128, num_labels=1,
+    )
+    model = BertForSequenceClassification(config).eval()
+    folder = tmp_path_factory.mktemp("tiny-reranker")
+    export_graph(model, folder / "model.onnx", "logits")
+    shutil.copyfile(bundled_minilm_path() / "tokenizer.json", folder / "tokenizer.json")
+    (folder / "reranker.json").write_text(json.dumps({"name": "tiny-test-reranker", "max_length": 128}))
+    return folder

@@ -12,7 +12,7 @@ Used by `serve run deployments/local.yaml`, `serve deploy deployments/cluster.ya
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray.serve import Application
 
 from llmframe_ray.config import load_settings
@@ -29,16 +29,39 @@ from llmframe_ray.serve.shard_server import shard_deployment_name
 from llmframe_ray.serve.sparse_shard import SparseShard
 
 
+DEPLOYMENTS = {
+    "QueryEncoder": QueryEncoder,
+    "DenseShard": DenseShard,
+    "SparseShard": SparseShard,
+    "Retriever": Retriever,
+    "Reranker": Reranker,
+    "Generator": Generator,
+    "Ingress": Ingress,
+}
+
+
 class AppArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     index_dir: str = Field(description="Index directory (its CURRENT version is served); relative paths are resolved where the app is built.")
     settings: dict[str, Any] = Field(default_factory=dict, description="Overrides of LLMFRAME_* settings, by field name (e.g. reranker_model).")
     reranker: Optional[bool] = Field(None, description="Deploy the Reranker (default: LLMFRAME_RERANKER_ENABLED).")
-    shard_options: dict[str, Any] = Field(
+    deployment_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description="Serve deployment options for every DenseShard-i / SparseShard-i (num_replicas, autoscaling_config, ray_actor_options, ...).",
+        description=(
+            "Serve deployment options (num_replicas, autoscaling_config, ray_actor_options, user_config, ...) by "
+            "deployment: QueryEncoder, Retriever, Reranker, Generator, Ingress, and DenseShard / SparseShard for "
+            "every shard. A Serve config's `deployments:` list can set the first five too."
+        ),
     )
+
+    @field_validator("deployment_options")
+    @classmethod
+    def _known_deployments(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        unknown = sorted(set(value) - set(DEPLOYMENTS))
+        if unknown:
+            raise ValueError(f"unknown deployment(s) {unknown}; known: {', '.join(DEPLOYMENTS)}")
+        return value
 
 
 def build_app(args: AppArgs) -> Application:
@@ -54,19 +77,25 @@ def build_app(args: AppArgs) -> Application:
         raise IndexLoadError(f"no published version in {root}; build one with `llmframe-ray ingest`")
     n_shards = int(index.version_info(current)["shards"])
 
-    encoder = QueryEncoder.bind(overrides)
+    def deployment(kind: str, name: Optional[str] = None) -> Any:
+        options = dict(args.deployment_options.get(kind, {}))
+        if name is not None:
+            options["name"] = name
+        return DEPLOYMENTS[kind].options(**options) if options else DEPLOYMENTS[kind]
+
+    encoder = deployment("QueryEncoder").bind(overrides)
     dense = [
-        DenseShard.options(name=shard_deployment_name("DenseShard", i), **args.shard_options).bind(str(root), i, overrides)
+        deployment("DenseShard", shard_deployment_name("DenseShard", i)).bind(str(root), i, overrides)
         for i in range(n_shards)
     ]
     sparse = [
-        SparseShard.options(name=shard_deployment_name("SparseShard", i), **args.shard_options).bind(str(root), i, overrides)
+        deployment("SparseShard", shard_deployment_name("SparseShard", i)).bind(str(root), i, overrides)
         for i in range(n_shards)
     ]
-    retriever = Retriever.bind(encoder, dense, sparse, str(root), overrides)
+    retriever = deployment("Retriever").bind(encoder, dense, sparse, str(root), overrides)
     use_reranker = settings.reranker_enabled if args.reranker is None else args.reranker
-    reranker = Reranker.bind(overrides) if use_reranker else None
-    generator = Generator.bind(overrides)
+    reranker = deployment("Reranker").bind(overrides) if use_reranker else None
+    generator = deployment("Generator").bind(overrides)
 
     probes = {"QueryEncoder": encoder, "Retriever": retriever, "Generator": generator}
     probes.update({shard_deployment_name("DenseShard", i): d for i, d in enumerate(dense)})
@@ -75,4 +104,4 @@ def build_app(args: AppArgs) -> Application:
     if reranker is not None:
         probes["Reranker"] = reranker
         batched["Reranker"] = reranker
-    return Ingress.bind(retriever, reranker, generator, probes, batched, overrides)
+    return deployment("Ingress").bind(retriever, reranker, generator, probes, batched, overrides)

@@ -259,3 +259,22 @@ def test_presented_key():
 def test_settings_never_show_keys():
     settings = load_settings(api_secret_key="sekrit-1", api_keys="sekrit-2")
     assert "sekrit" not in repr(settings)
+
+
+def test_errors_and_hits_survive_pickling():
+    """Replicas hand errors and hits to each other through pickle."""
+    import pickle
+
+    from llmframe_ray.errors import EmptyQueryError, QueryTooLongError
+    from llmframe_ray.serve.service import FieldError
+    from llmframe_ray.types import Hit
+
+    too_long = pickle.loads(pickle.dumps(QueryTooLongError(300, 256)))
+    assert (type(too_long), str(too_long), too_long.n_tokens, too_long.limit) == (
+        QueryTooLongError, "query is 300 tokens long; the embedding model accepts at most 256", 300, 256,
+    )
+    assert str(pickle.loads(pickle.dumps(EmptyQueryError()))) == "query is empty or whitespace only"
+    field = pickle.loads(pickle.dumps(FieldError("top_k", "too big")))
+    assert (field.field, str(field)) == ("top_k", "top_k: too big")
+    hit = Hit("d", "d#0", "text", 1.5, 1, title="T", ranks={"bm25": 1, "dense": 2})
+    assert pickle.loads(pickle.dumps(hit)) == hit

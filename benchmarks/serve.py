@@ -1,0 +1,410 @@
+"""The served app against the same path in-process: requests/s, latency and batch sizes under load.
+
+    API_SECRET_KEY=k LLMFRAME_RERANKER_MODEL=DIR .venv/bin/llmframe-ray serve --index INDEX --reranker &
+    API_SECRET_KEY=k .venv/bin/python benchmarks/serve.py [--url http://127.0.0.1:8000]
+        [--clients 1,8,32] [--modes hybrid,hybrid+rerank] [--seconds 20] [--repeats 3]
+
+For every mode and client count (a cell), N asyncio clients send SciFact test queries back to
+back, client c starting at query c*n/N: over HTTP to the served app (httpx, key in X-API-Key),
+and as direct `RagService.search` calls over LocalStages in this process (the path the HTTP app
+runs, without Ray, HTTP or JSON). `hybrid+rerank` asks for rerank: true, so the server reranks
+its default depth (LLMFRAME_RERANKER_DEPTH, 50) of hybrid hits.
+
+A cell is one warm-up request per client (all at once), then `repeats` back-to-back windows of
+`seconds`. Clients never pause between windows. Throughput of a window = requests that completed
+with status 200 inside it / `seconds`; a request is counted in the window where it completes, so
+one still in flight at a window's end counts in the next window. After the last window no new
+request starts; those in flight are awaited and count in latency and errors, in no window's rate.
+req/s is the median over the windows; p50 / p99 are over every successful request of the cell;
+errors count every request that did not succeed (non-200 status, transport error, exception,
+or a 200 whose `reranked` flag is not the one asked for), warm-ups included, each kind listed
+under the table. Batch sizes are /v1/stats deltas from after the warm-up to after the last
+in-flight request: QueryEncoder calls per batch; Reranker calls per batch / pairs per batch.
+
+The clients run in this process, on the same cores as the server; the served side runs first
+and the server stays up (idle) while the in-process side runs. BLAS / ONNX thread settings are
+left as the environment gives them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import os
+import platform
+import resource
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import httpx
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from llmframe_ray.config import load_settings  # noqa: E402
+from llmframe_ray.eval.beir import load_beir  # noqa: E402
+
+OK = "200"
+REQUEST_TIMEOUT_S = 300.0
+# benchmark mode -> (search mode, rerank)
+MODES = {"hybrid": ("hybrid", False), "hybrid+rerank": ("hybrid", True)}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    done: float  # time.perf_counter() when the answer (or the error) came back
+    latency: float  # seconds
+    status: str  # OK, another HTTP status, or the exception's class name
+    detail: str  # the start of the error; "" on success
+
+
+Send = Callable[[str], Awaitable[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
+class Cell:
+    side: str
+    mode: str
+    clients: int
+    rates: list[float]  # req/s of each window; empty when every warm-up failed
+    outcomes: list[Outcome]  # warm-ups and measured requests
+    batches: tuple[str, str]  # encoder and reranker batch columns
+
+
+def checked(reranked: bool, wanted: bool) -> tuple[str, str]:
+    if reranked != wanted:
+        return f"{OK} reranked={reranked}", f"asked for rerank={wanted}"
+    return OK, ""
+
+
+def http_sender(client: httpx.AsyncClient, url: str, key: str, top_k: int, mode: str) -> Send:
+    search_mode, rerank = MODES[mode]
+    headers = {"X-API-Key": key}
+
+    async def send(query: str) -> tuple[str, str]:
+        body = {"query": query, "top_k": top_k, "mode": search_mode, "rerank": rerank}
+        try:
+            response = await client.post(f"{url}/v1/search", json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return type(exc).__name__, str(exc)[:200]
+        if response.status_code != 200:
+            return str(response.status_code), response.text[:200]
+        return checked(response.json()["reranked"], rerank)
+
+    return send
+
+
+def local_sender(service: Any, top_k: int, mode: str) -> Send:
+    from llmframe_ray.serve.schemas import SearchRequest
+
+    search_mode, rerank = MODES[mode]
+
+    async def send(query: str) -> tuple[str, str]:
+        try:
+            response = await service.search(SearchRequest(query=query, top_k=top_k, mode=search_mode, rerank=rerank))
+        except Exception as exc:  # reported as an error of the cell, never dropped
+            return type(exc).__name__, str(exc)[:200]
+        return checked(response.reranked, rerank)
+
+    return send
+
+
+async def timed(send: Send, query: str) -> Outcome:
+    start = time.perf_counter()
+    status, detail = await send(query)
+    done = time.perf_counter()
+    return Outcome(done, done - start, status, detail)
+
+
+async def measure(send: Send, queries: list[str], offsets: list[int], seconds: float, repeats: int) -> tuple[float, list[Outcome]]:
+    """Clients send back to back until `repeats` windows have passed; returns (start, outcomes)."""
+    outcomes: list[Outcome] = []
+    start = time.perf_counter()
+    end = start + seconds * repeats
+
+    async def client(offset: int) -> None:
+        i = offset + 1  # the warm-up sent queries[offset]
+        while time.perf_counter() < end:
+            outcomes.append(await timed(send, queries[i % len(queries)]))
+            i += 1
+
+    await asyncio.gather(*(client(o) for o in offsets))
+    return start, outcomes
+
+
+def window_rates(start: float, outcomes: list[Outcome], seconds: float, repeats: int) -> list[float]:
+    """Successful requests completed in each window / the window's seconds (see the docstring)."""
+    counts = [0] * repeats
+    for o in outcomes:
+        window = int((o.done - start) // seconds)
+        if o.status == OK and window < repeats:
+            counts[window] += 1
+    return [c / seconds for c in counts]
+
+
+def batch_columns(before: dict | None, after: dict | None) -> tuple[str, str]:
+    """Mean batch sizes over the cell from two /v1/stats answers ("?" when one is missing)."""
+    if before is None or after is None:
+        return "?", "?"
+
+    def delta(stage: str, key: str) -> int:
+        return int(after.get(stage, {}).get(key, 0)) - int(before.get(stage, {}).get(key, 0))
+
+    encoder = delta("QueryEncoder", "batches")
+    enc = f"{delta('QueryEncoder', 'calls') / encoder:.2f}" if encoder > 0 else "-"
+    reranker = delta("Reranker", "batches")
+    if reranker <= 0:
+        return enc, "-"
+    return enc, f"{delta('Reranker', 'calls') / reranker:.2f} / {delta('Reranker', 'items') / reranker:.1f}"
+
+
+async def run_cell(
+    side: str,
+    mode: str,
+    clients: int,
+    send: Send,
+    queries: list[str],
+    args: argparse.Namespace,
+    stats: Callable[[], Awaitable[dict | None]] | None,
+) -> Cell:
+    offsets = [c * len(queries) // clients for c in range(clients)]
+    warm = list(await asyncio.gather(*(timed(send, queries[o]) for o in offsets)))
+    if all(o.status != OK for o in warm):  # nothing to measure: report the failures
+        return Cell(side, mode, clients, [], warm, ("-", "-"))
+    before = await stats() if stats is not None else None
+    start, outcomes = await measure(send, queries, offsets, args.seconds, args.repeats)
+    after = await stats() if stats is not None else None
+    batches = batch_columns(before, after) if stats is not None else ("-", "-")
+    return Cell(side, mode, clients, window_rates(start, outcomes, args.seconds, args.repeats), warm + outcomes, batches)
+
+
+COLUMNS = (("side", "<10"), ("mode", "<13"), ("clients", ">7"), ("req/s", ">8"), ("p50 ms", ">8"),
+           ("p99 ms", ">8"), ("errors", ">6"), ("enc batch", ">9"), ("rerank batch (calls / pairs)", ">28"))
+
+
+def row(values: list[str]) -> str:
+    return " ".join(f"{v:{fmt}}" for v, (_, fmt) in zip(values, COLUMNS))
+
+
+def print_cell(cell: Cell) -> None:
+    good = [o.latency * 1e3 for o in cell.outcomes if o.status == OK]
+    errors = sum(1 for o in cell.outcomes if o.status != OK)
+    rate = f"{statistics.median(cell.rates):.1f}" if cell.rates else "-"
+    p50 = f"{np.percentile(good, 50):.1f}" if good else "-"
+    p99 = f"{np.percentile(good, 99):.1f}" if good else "-"
+    print(row([cell.side, cell.mode, str(cell.clients), rate, p50, p99, str(errors), *cell.batches]), flush=True)
+
+
+def print_errors(cells: list[Cell]) -> None:
+    kinds: dict[tuple[str, str, int, str], list] = {}
+    for cell in cells:
+        for o in cell.outcomes:
+            if o.status != OK:
+                entry = kinds.setdefault((cell.side, cell.mode, cell.clients, o.status), [0, o.detail])
+                entry[0] += 1
+    if not kinds:
+        print("errors: none")
+        return
+    print("errors:")
+    for (side, mode, clients, status), (count, detail) in kinds.items():
+        print(f"  {side} {mode} x{clients}: {count} x {status}: {detail}")
+
+
+class ReplicaMemory:
+    """The largest summed RSS of Ray Serve replica processes (cmdline has ServeReplica), sampled;
+    only the children of raylet `node` when given (other Ray sessions on the machine are skipped)."""
+
+    def __init__(self, node: int | None, interval_s: float = 0.5) -> None:
+        self.node = node
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self.processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        total, count = 0, 0
+        for proc in psutil.process_iter(["cmdline", "memory_info", "ppid"]):
+            cmdline = " ".join(proc.info["cmdline"] or ())
+            if "ServeReplica" not in cmdline or proc.info["memory_info"] is None:
+                continue
+            if self.node is None or proc.info["ppid"] == self.node:
+                total += proc.info["memory_info"].rss
+                count += 1
+        if total > self.peak_bytes:
+            self.peak_bytes, self.processes = total, count
+
+    def _run(self) -> None:
+        self._sample()
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def __enter__(self) -> ReplicaMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def serving_node(url: str) -> int | None:
+    """The raylet whose ProxyActor listens on the URL's port here (None: not found on this machine)."""
+    parsed = httpx.URL(url)
+    if parsed.host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+        return None
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return None
+    for conn in connections:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                return psutil.Process(conn.pid).ppid()
+            except psutil.Error:
+                return None
+    return None
+
+
+async def served_side(args: argparse.Namespace, queries: list[str], cells: list[Cell]) -> None:
+    limits = httpx.Limits(max_connections=max(args.clients) + 4, max_keepalive_connections=max(args.clients) + 4)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+
+        async def stats() -> dict | None:
+            try:
+                response = await client.get(f"{args.url}/v1/stats", headers={"X-API-Key": args.key})
+            except httpx.HTTPError as exc:
+                print(f"/v1/stats failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return None
+            if response.status_code != 200:
+                print(f"/v1/stats answered {response.status_code}: {response.text[:200]}", file=sys.stderr)
+                return None
+            return response.json()
+
+        for mode in args.modes:
+            for clients in args.clients:
+                send = http_sender(client, args.url, args.key, args.top_k, mode)
+                cells.append(await run_cell("served", mode, clients, send, queries, args, stats))
+                print_cell(cells[-1])
+
+
+async def inprocess_side(service: Any, args: argparse.Namespace, queries: list[str], cells: list[Cell]) -> None:
+    for mode in args.modes:
+        for clients in args.clients:
+            send = local_sender(service, args.top_k, mode)
+            cells.append(await run_cell("in-process", mode, clients, send, queries, args, None))
+            print_cell(cells[-1])
+
+
+def served_index(args: argparse.Namespace) -> str:
+    """The served index and version (GET /v1/index), after /readyz says the app is ready."""
+    try:
+        ready = httpx.get(f"{args.url}/readyz", timeout=30)
+        if ready.status_code != 200:
+            raise SystemExit(f"{args.url}/readyz answered {ready.status_code}: {ready.text[:300]}")
+        info = httpx.get(f"{args.url}/v1/index", headers={"X-API-Key": args.key}, timeout=30)
+    except httpx.HTTPError as exc:
+        raise SystemExit(f"cannot reach the served app at {args.url}: {type(exc).__name__}: {exc}") from None
+    if info.status_code != 200:
+        raise SystemExit(f"{args.url}/v1/index answered {info.status_code}: {info.text[:300]}")
+    body = info.json()
+    return f"{body.get('index')} version {body.get('version')}"
+
+
+def inprocess_service(args: argparse.Namespace) -> tuple[Any, str]:
+    from llmframe_ray.models.sources import load_reranker
+    from llmframe_ray.serve.local import LocalStages
+    from llmframe_ray.serve.service import RagService
+
+    settings = load_settings(reranker_model=str(args.reranker))
+    reranker = load_reranker(settings) if any(MODES[m][1] for m in args.modes) else None
+    stages = LocalStages.open(Path(args.index), settings, reranker)
+    return RagService(stages, settings), f"{args.index} version {stages.version}, {settings.threads} ONNX threads"
+
+
+def comma_list(parse: Callable[[str], Any]) -> Callable[[str], list]:
+    def convert(text: str) -> list:
+        return [parse(part.strip()) for part in text.split(",") if part.strip()]
+
+    return convert
+
+
+def client_count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a client count must be at least 1, got {value}")
+    return value
+
+
+def mode_name(text: str) -> str:
+    if text not in MODES:
+        raise argparse.ArgumentTypeError(f"unknown mode {text!r}; valid modes: {', '.join(MODES)}")
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    settings = load_settings()
+    found = sorted(settings.indexes_dir.glob("beir-scifact-*"))
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--key", default=os.environ.get("API_SECRET_KEY"), help="API key (default: $API_SECRET_KEY)")
+    parser.add_argument("--index", default=str(found[0]) if found else None,
+                        help=f"index for the in-process side (default: the beir-scifact-* folder in {settings.indexes_dir})")
+    parser.add_argument("--reranker", default=str(settings.home / "rerankers" / "scifact-gated-2ep"))
+    parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "eval" / "scifact"))
+    parser.add_argument("--clients", type=comma_list(client_count), default=[1, 8, 32])
+    parser.add_argument("--modes", type=comma_list(mode_name), default=list(MODES))
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of one window")
+    parser.add_argument("--repeats", type=int, default=3, help="windows per cell")
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--skip-served", action="store_true")
+    parser.add_argument("--skip-inprocess", action="store_true")
+    args = parser.parse_args()
+    if args.seconds <= 0 or args.repeats < 1 or not args.clients or not args.modes:
+        parser.error("--seconds must be positive, --repeats at least 1, --clients and --modes not empty")
+    if not args.skip_served and not args.key:
+        parser.error("the served side needs an API key: --key or API_SECRET_KEY")
+    if not args.skip_inprocess and args.index is None:
+        parser.error(f"no beir-scifact-* index in {settings.indexes_dir}; pass --index (benchmarks/search.py builds it)")
+
+    queries = list(load_beir(args.dataset, "test").queries.values())
+    served = served_index(args) if not args.skip_served else "skipped"
+    service, local = inprocess_service(args) if not args.skip_inprocess else (None, "skipped")
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores ({cores} usable by this process), "
+          f"python {platform.python_version()}, ray {importlib.metadata.version('ray')}")
+    print(f"served: {args.url}, {served}")
+    print(f"in-process: {local}; reranker {args.reranker}")
+    print(f"{len(queries)} SciFact test queries, top_k {args.top_k}, {args.repeats} x {args.seconds:g} s windows "
+          f"per cell (req/s: median over windows; p50/p99: all successful requests of the cell)")
+    print()
+    print(row([name for name, _ in COLUMNS]))
+    cells: list[Cell] = []
+    replicas = None
+    if not args.skip_served:
+        with ReplicaMemory(serving_node(args.url)) as replicas:
+            asyncio.run(served_side(args, queries, cells))
+    if not args.skip_inprocess:
+        asyncio.run(inprocess_side(service, args, queries, cells))
+    print()
+    print_errors(cells)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak memory (max RSS of this process, clients and in-process app): {peak_mib:.0f} MiB")
+    if replicas is not None:
+        where = f"children of raylet {replicas.node}" if replicas.node is not None else "every Ray session here"
+        print(f"served replicas (max over samples of summed RSS, {replicas.processes} ServeReplica processes, "
+              f"{where}): {replicas.peak_bytes / 2**20:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
