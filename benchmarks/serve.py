@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.metadata
 import os
 import platform
@@ -75,7 +76,8 @@ class Cell:
     mode: str
     clients: int
     rates: list[float]  # req/s of each window; empty when every warm-up failed
-    outcomes: list[Outcome]  # warm-ups and measured requests
+    warmups: list[Outcome]  # in the error count only
+    outcomes: list[Outcome]  # the measured requests
     batches: tuple[str, str]  # encoder and reranker batch columns
 
 
@@ -124,7 +126,8 @@ async def timed(send: Send, query: str) -> Outcome:
     return Outcome(done, done - start, status, detail)
 
 
-async def measure(send: Send, queries: list[str], offsets: list[int], seconds: float, repeats: int) -> tuple[float, list[Outcome]]:
+async def measure(send: Send, queries: list[str], offsets: list[int], seconds: float,
+                  repeats: int) -> tuple[float, list[Outcome]]:
     """Clients send back to back until `repeats` windows have passed; returns (start, outcomes)."""
     outcomes: list[Outcome] = []
     start = time.perf_counter()
@@ -166,24 +169,21 @@ def batch_columns(before: dict | None, after: dict | None) -> tuple[str, str]:
     return enc, f"{delta('Reranker', 'calls') / reranker:.2f} / {delta('Reranker', 'items') / reranker:.1f}"
 
 
-async def run_cell(
-    side: str,
-    mode: str,
-    clients: int,
-    send: Send,
-    queries: list[str],
-    args: argparse.Namespace,
-    stats: Callable[[], Awaitable[dict | None]] | None,
-) -> Cell:
+Stats = Callable[[], Awaitable[dict | None]]
+
+
+async def run_cell(side: str, mode: str, clients: int, send: Send, queries: list[str], args: argparse.Namespace,
+                   stats: Stats | None) -> Cell:
     offsets = [c * len(queries) // clients for c in range(clients)]
     warm = list(await asyncio.gather(*(timed(send, queries[o]) for o in offsets)))
     if all(o.status != OK for o in warm):  # nothing to measure: report the failures
-        return Cell(side, mode, clients, [], warm, ("-", "-"))
+        return Cell(side, mode, clients, [], warm, [], ("-", "-"))
     before = await stats() if stats is not None else None
     start, outcomes = await measure(send, queries, offsets, args.seconds, args.repeats)
     after = await stats() if stats is not None else None
     batches = batch_columns(before, after) if stats is not None else ("-", "-")
-    return Cell(side, mode, clients, window_rates(start, outcomes, args.seconds, args.repeats), warm + outcomes, batches)
+    rates = window_rates(start, outcomes, args.seconds, args.repeats)
+    return Cell(side, mode, clients, rates, warm, outcomes, batches)
 
 
 COLUMNS = (("side", "<10"), ("mode", "<13"), ("clients", ">7"), ("req/s", ">8"), ("p50 ms", ">8"),
@@ -196,7 +196,7 @@ def row(values: list[str]) -> str:
 
 def print_cell(cell: Cell) -> None:
     good = [o.latency * 1e3 for o in cell.outcomes if o.status == OK]
-    errors = sum(1 for o in cell.outcomes if o.status != OK)
+    errors = sum(1 for o in cell.warmups + cell.outcomes if o.status != OK)
     rate = f"{statistics.median(cell.rates):.1f}" if cell.rates else "-"
     p50 = f"{np.percentile(good, 50):.1f}" if good else "-"
     p99 = f"{np.percentile(good, 99):.1f}" if good else "-"
@@ -204,16 +204,12 @@ def print_cell(cell: Cell) -> None:
 
 
 def print_errors(cells: list[Cell]) -> None:
+    """Every kind of failed request: its cell, count, and the first one's message."""
     kinds: dict[tuple[str, str, int, str], list] = {}
     for cell in cells:
-        for o in cell.outcomes:
-            if o.status != OK:
-                entry = kinds.setdefault((cell.side, cell.mode, cell.clients, o.status), [0, o.detail])
-                entry[0] += 1
-    if not kinds:
-        print("errors: none")
-        return
-    print("errors:")
+        for o in (o for o in cell.warmups + cell.outcomes if o.status != OK):
+            kinds.setdefault((cell.side, cell.mode, cell.clients, o.status), [0, o.detail])[0] += 1
+    print("errors:" if kinds else "errors: none")
     for (side, mode, clients, status), (count, detail) in kinds.items():
         print(f"  {side} {mode} x{clients}: {count} x {status}: {detail}")
 
@@ -263,16 +259,20 @@ def serving_node(url: str) -> int | None:
         return None
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
-        connections = psutil.net_connections(kind="tcp")
-    except psutil.AccessDenied:
-        return None
-    for conn in connections:
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-            try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
                 return psutil.Process(conn.pid).ppid()
-            except psutil.Error:
-                return None
+    except psutil.Error:  # no permission to see sockets or the process
+        return None
     return None
+
+
+async def run_side(side: str, sender: Callable[[str], Send], stats: Stats | None, args: argparse.Namespace,
+                   queries: list[str], cells: list[Cell]) -> None:
+    for mode in args.modes:
+        for clients in args.clients:
+            cells.append(await run_cell(side, mode, clients, sender(mode), queries, args, stats))
+            print_cell(cells[-1])
 
 
 async def served_side(args: argparse.Namespace, queries: list[str], cells: list[Cell]) -> None:
@@ -290,19 +290,8 @@ async def served_side(args: argparse.Namespace, queries: list[str], cells: list[
                 return None
             return response.json()
 
-        for mode in args.modes:
-            for clients in args.clients:
-                send = http_sender(client, args.url, args.key, args.top_k, mode)
-                cells.append(await run_cell("served", mode, clients, send, queries, args, stats))
-                print_cell(cells[-1])
-
-
-async def inprocess_side(service: Any, args: argparse.Namespace, queries: list[str], cells: list[Cell]) -> None:
-    for mode in args.modes:
-        for clients in args.clients:
-            send = local_sender(service, args.top_k, mode)
-            cells.append(await run_cell("in-process", mode, clients, send, queries, args, None))
-            print_cell(cells[-1])
+        sender = functools.partial(http_sender, client, args.url, args.key, args.top_k)
+        await run_side("served", sender, stats, args, queries, cells)
 
 
 def served_index(args: argparse.Namespace) -> str:
@@ -331,24 +320,19 @@ def inprocess_service(args: argparse.Namespace) -> tuple[Any, str]:
     return RagService(stages, settings), f"{args.index} version {stages.version}, {settings.threads} ONNX threads"
 
 
-def comma_list(parse: Callable[[str], Any]) -> Callable[[str], list]:
-    def convert(text: str) -> list:
-        return [parse(part.strip()) for part in text.split(",") if part.strip()]
-
-    return convert
-
-
-def client_count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a client count must be at least 1, got {value}")
-    return value
+def client_counts(text: str) -> list[int]:
+    counts = [int(part) for part in text.split(",") if part.strip()]
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"client counts must be at least 1, got {text!r}")
+    return counts
 
 
-def mode_name(text: str) -> str:
-    if text not in MODES:
-        raise argparse.ArgumentTypeError(f"unknown mode {text!r}; valid modes: {', '.join(MODES)}")
-    return text
+def mode_names(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in MODES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown modes {unknown or text!r}; valid modes: {', '.join(MODES)}")
+    return names
 
 
 def main() -> None:
@@ -361,16 +345,16 @@ def main() -> None:
                         help=f"index for the in-process side (default: the beir-scifact-* folder in {settings.indexes_dir})")
     parser.add_argument("--reranker", default=str(settings.home / "rerankers" / "scifact-gated-2ep"))
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "eval" / "scifact"))
-    parser.add_argument("--clients", type=comma_list(client_count), default=[1, 8, 32])
-    parser.add_argument("--modes", type=comma_list(mode_name), default=list(MODES))
+    parser.add_argument("--clients", type=client_counts, default=[1, 8, 32])
+    parser.add_argument("--modes", type=mode_names, default=list(MODES))
     parser.add_argument("--seconds", type=float, default=20.0, help="length of one window")
     parser.add_argument("--repeats", type=int, default=3, help="windows per cell")
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--skip-served", action="store_true")
     parser.add_argument("--skip-inprocess", action="store_true")
     args = parser.parse_args()
-    if args.seconds <= 0 or args.repeats < 1 or not args.clients or not args.modes:
-        parser.error("--seconds must be positive, --repeats at least 1, --clients and --modes not empty")
+    if args.seconds <= 0 or args.repeats < 1:
+        parser.error("--seconds must be positive and --repeats at least 1")
     if not args.skip_served and not args.key:
         parser.error("the served side needs an API key: --key or API_SECRET_KEY")
     if not args.skip_inprocess and args.index is None:
@@ -395,7 +379,7 @@ def main() -> None:
         with ReplicaMemory(serving_node(args.url)) as replicas:
             asyncio.run(served_side(args, queries, cells))
     if not args.skip_inprocess:
-        asyncio.run(inprocess_side(service, args, queries, cells))
+        asyncio.run(run_side("in-process", functools.partial(local_sender, service, args.top_k), None, args, queries, cells))
     print()
     print_errors(cells)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

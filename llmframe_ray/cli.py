@@ -257,9 +257,9 @@ def serve_command(
     settings = _settings()
     application = build_app(AppArgs(index_dir=str(index), reranker=reranker))
     stop = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda number, frame: stop.append(number))
     with ray_session(settings):
+        for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+            signal.signal(sig, lambda number, frame: stop.append(number))
         serve.start(http_options={"host": host, "port": port})
         serve.run(application, name="llmframe", route_prefix="/")
         url = f"http://{host}:{port}"

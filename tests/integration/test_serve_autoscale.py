@@ -1,0 +1,110 @@
+"""Autoscaling on a real two-node Ray cluster (ray.cluster_utils.Cluster): under load the
+Serve autoscaler adds Reranker replicas, and removes them once the load stops."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.indexing import build_index
+from llmframe_ray.models.embedder import OnnxEmbedder
+from llmframe_ray.types import Document
+
+ray = pytest.importorskip("ray")
+from ray import serve  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+KEY = "autoscale-key"
+DOCS = [
+    Document(f"doc-{i}", title=f"Note {i}", text=f"Note {i} is about {topic} and how {topic} works in practice.")
+    for i, topic in enumerate(["tides", "bread", "lava", "glaciers", "coffee", "bees", "chess", "rust", "sleep", "tea"])
+]
+AUTOSCALING = {
+    "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1,
+    "metrics_interval_s": 0.5, "look_back_period_s": 2, "upscale_delay_s": 1, "downscale_delay_s": 4,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def running_replicas(deployment: str) -> int:
+    status = serve.status().applications["llmframe"].deployments[deployment]
+    return sum(n for state, n in status.replica_states.items() if str(getattr(state, "value", state)) == "RUNNING")
+
+
+def wait_until(predicate, timeout: float, what: str, seen: list) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; replicas seen: {seen}")
+        time.sleep(0.5)
+
+
+def test_reranker_scales_up_under_load_and_back_down(tmp_path, model_dir, tiny_reranker_dir):
+    from llmframe_ray.serve.app import AppArgs, build_app
+
+    index = tmp_path / "index"
+    build_index(DOCS, index, load_settings(), OnnxEmbedder(model_dir, threads=2))
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    cluster.add_node(num_cpus=2)
+    ray.init(address=cluster.address, log_to_driver=False)
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    try:
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+        port = free_port()
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        args = AppArgs(
+            index_dir=str(index),
+            reranker=True,
+            settings={"api_secret_key": KEY, "reranker_model": str(tiny_reranker_dir), "reranker_depth": 10},
+            deployment_options={"Reranker": {"autoscaling_config": AUTOSCALING, "ray_actor_options": {"num_cpus": 1}}},
+        )
+        serve.run(build_app(args), name="llmframe", route_prefix="/")
+        seen = [running_replicas("Reranker")]
+        assert seen == [1]
+
+        results: list[int] = []
+
+        def load() -> None:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+                while not stop.is_set():
+                    r = client.post("/v1/search", headers={"X-API-Key": KEY}, json={"query": "how does lava flow", "rerank": True, "top_k": 3})
+                    results.append(r.status_code)
+
+        threads = [threading.Thread(target=load, daemon=True) for _ in range(6)]
+        for t in threads:
+            t.start()
+
+        def grown() -> bool:
+            seen.append(running_replicas("Reranker"))
+            return seen[-1] == 2
+
+        wait_until(grown, 120, "a second Reranker replica", seen)
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+
+        def shrunk() -> bool:
+            seen.append(running_replicas("Reranker"))
+            return seen[-1] == 1
+
+        wait_until(shrunk, 120, "the Reranker back at one replica", seen)
+        assert results and set(results) == {200}
+        assert max(seen) == 2 and seen[-1] == 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()

@@ -1,0 +1,92 @@
+"""`serve run deployments/local.yaml` (the file users run, pointed at a test index and port)
+starts, answers over HTTP, and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.indexing import build_index
+from llmframe_ray.models.embedder import OnnxEmbedder
+from llmframe_ray.types import Document
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = "serve-run-key"
+DOCS = [
+    Document("tides", title="Tides", text="Ocean tides are driven mainly by the gravitational pull of the Moon."),
+    Document("bread", title="Bread", text="A sourdough starter is a culture of wild yeast and lactic acid bacteria."),
+    Document("part", title="Inventory", text="Part ZQ7731 sits on shelf 14 next to the loading dock."),
+    Document("lava", title="Volcanoes", text="Basaltic lava flows erupt from shield volcanoes such as Mauna Loa."),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_run_local_yaml_starts_and_answers(tmp_path, model_dir):
+    index = tmp_path / "index"
+    build_index(DOCS, index, load_settings(), OnnxEmbedder(model_dir, threads=2), shards=2)
+    config = yaml.safe_load((REPO / "deployments" / "local.yaml").read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    config["applications"][0]["args"]["index_dir"] = str(index)
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    ray_tmp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit in 107 bytes
+    env.update({"API_SECRET_KEY": KEY, "RAY_TMPDIR": ray_tmp})
+    serve_bin = Path(sys.executable).with_name("serve")
+    log = (tmp_path / "serve.log").open("wb")
+    process = subprocess.Popen([str(serve_bin), "run", str(path)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "serve run was not ready in 240 s"
+            time.sleep(1)
+        response = httpx.post(f"{url}/v1/search", headers={"X-API-Key": KEY}, json={"query": "ZQ7731", "top_k": 2}, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json()["hits"][0]["doc_id"] == "part"
+        assert httpx.post(f"{url}/v1/search", json={"query": "ZQ7731"}, timeout=60).status_code == 401
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            pytest.fail("serve run did not exit within 90 s of SIGTERM")
+        log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    # Ray's processes get a few seconds to exit after serve run itself; zombies are not counted
+    deadline = time.monotonic() + 30
+    while True:
+        listing = subprocess.run(["ps", "-o", "pid=,stat=,cmd=", "-s", str(process.pid)], capture_output=True, text=True).stdout
+        leftovers = [line for line in listing.splitlines() if "Z" not in line.split()[1]]
+        if not leftovers or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    if leftovers:
+        os.killpg(process.pid, signal.SIGKILL)
+    assert leftovers == [], "processes left behind by serve run:\n" + "\n".join(leftovers)
