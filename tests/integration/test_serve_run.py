@@ -1,12 +1,13 @@
-"""`serve run deployments/local.yaml` (the file users run, pointed at a test index and port)
-starts, answers over HTTP, and stops cleanly on SIGTERM."""
+"""The app started the ways users start it: `serve run deployments/local.yaml` (the file itself,
+pointed at a test index and port) and `llmframe-ray serve`; each answers over HTTP and stops
+cleanly on SIGTERM, leaving no process behind."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.types import Document
 
 REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 KEY = "serve-run-key"
 DOCS = [
     Document("tides", title="Tides", text="Ocean tides are driven mainly by the gravitational pull of the Moon."),
@@ -38,32 +40,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_run_local_yaml_starts_and_answers(tmp_path, model_dir):
-    index = tmp_path / "index"
-    build_index(DOCS, index, load_settings(), OnnxEmbedder(model_dir, threads=2), shards=2)
-    config = yaml.safe_load((REPO / "deployments" / "local.yaml").read_text())
-    port = free_port()
-    config["http_options"]["port"] = port
-    config["applications"][0]["args"]["index_dir"] = str(index)
-    path = tmp_path / "local.yaml"
-    path.write_text(yaml.safe_dump(config))
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, model_dir) -> Path:
+    root = tmp_path_factory.mktemp("served") / "index"
+    build_index(DOCS, root, load_settings(), OnnxEmbedder(model_dir, threads=2), shards=2)
+    return root
+
+
+def serve_and_stop(command: list[str], url: str, log_path: Path) -> int:
+    """Start `command` in its own session, check it answers, SIGTERM it; return its exit code."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     ray_tmp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's socket paths must fit in 107 bytes
     env.update({"API_SECRET_KEY": KEY, "RAY_TMPDIR": ray_tmp})
-    serve_bin = Path(sys.executable).with_name("serve")
-    log = (tmp_path / "serve.log").open("wb")
-    process = subprocess.Popen([str(serve_bin), "run", str(path)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    log = log_path.open("wb")
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
         while True:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert process.poll() is None, log_path.read_text()[-3000:]
             try:
                 if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
-            assert time.monotonic() < deadline, "serve run was not ready in 240 s"
+            assert time.monotonic() < deadline, "the app was not ready in 240 s"
             time.sleep(1)
         response = httpx.post(f"{url}/v1/search", headers={"X-API-Key": KEY}, json={"query": "ZQ7731", "top_k": 2}, timeout=60)
         assert response.status_code == 200, response.text
@@ -72,14 +72,14 @@ def test_serve_run_local_yaml_starts_and_answers(tmp_path, model_dir):
     finally:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=90)
+            code = process.wait(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            pytest.fail("serve run did not exit within 90 s of SIGTERM")
+            pytest.fail("the app did not exit within 90 s of SIGTERM")
         log.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    # Ray's processes get a few seconds to exit after serve run itself; zombies are not counted
+    # Ray's processes get some seconds to exit after the app's own process; zombies do not count
     deadline = time.monotonic() + 30
     while True:
         listing = subprocess.run(["ps", "-o", "pid=,stat=,cmd=", "-s", str(process.pid)], capture_output=True, text=True).stdout
@@ -89,4 +89,22 @@ def test_serve_run_local_yaml_starts_and_answers(tmp_path, model_dir):
         time.sleep(1)
     if leftovers:
         os.killpg(process.pid, signal.SIGKILL)
-    assert leftovers == [], "processes left behind by serve run:\n" + "\n".join(leftovers)
+    assert leftovers == [], "processes left behind:\n" + "\n".join(leftovers)
+    return code
+
+
+def test_serve_run_local_yaml_starts_and_answers(tmp_path, index):
+    config = yaml.safe_load((REPO / "deployments" / "local.yaml").read_text())
+    port = free_port()
+    config["http_options"]["port"] = port
+    config["applications"][0]["args"]["index_dir"] = str(index)
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(config))
+    serve_and_stop([str(BIN / "serve"), "run", str(path)], f"http://127.0.0.1:{port}", tmp_path / "serve.log")
+
+
+def test_llmframe_serve_command_answers_and_exits_zero(tmp_path, index):
+    port = free_port()
+    command = [str(BIN / "llmframe-ray"), "serve", "--index", str(index), "--port", str(port), "--no-reranker"]
+    code = serve_and_stop(command, f"http://127.0.0.1:{port}", tmp_path / "cli.log")
+    assert code == 0, (tmp_path / "cli.log").read_text()[-3000:]

@@ -1,0 +1,51 @@
+"""The Serve config files parse as Serve configs, their app args validate, they name only
+deployments the app has, and the KubeRay file embeds cluster.yaml unchanged."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+FILES = ["local.yaml", "cluster.yaml"]
+
+
+def load(name):
+    return yaml.safe_load((REPO / "deployments" / name).read_text())
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_serve_config_is_valid(name):
+    from ray.serve.schema import ServeDeploySchema
+
+    from llmframe_ray.serve.app import DEPLOYMENTS, AppArgs
+
+    config = load(name)
+    ServeDeploySchema.model_validate(config)
+    (application,) = config["applications"]
+    assert application["import_path"] == "llmframe_ray.serve.app:build_app"
+    args = AppArgs.model_validate(application["args"])
+    named = {d["name"] for d in application.get("deployments", [])}
+    assert named <= set(DEPLOYMENTS) - {"DenseShard", "SparseShard"}  # shards are named per index
+    if "Reranker" in named:
+        assert args.reranker is True  # a config for a deployment the app lacks is rejected by Serve
+
+
+def test_rayservice_embeds_cluster_config():
+    service = load("rayservice.yaml")
+    assert service["kind"] == "RayService"
+    assert yaml.safe_load(service["spec"]["serveConfigV2"]) == load("cluster.yaml")
+    head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "API_SECRET_KEY", "valueFrom": {"secretKeyRef": {"name": "llmframe-api-keys", "key": "api-secret-key"}}} in head["env"]
+
+
+def test_builder_rejects_bad_args(tmp_path):
+    from llmframe_ray.errors import ConfigError, IndexLoadError
+    from llmframe_ray.serve.app import build_app
+
+    with pytest.raises(IndexLoadError, match="no published version in"):
+        build_app({"index_dir": str(tmp_path), "settings": {"api_secret_key": "k"}})
+    with pytest.raises(ConfigError, match="no API key is configured"):
+        build_app({"index_dir": str(tmp_path), "settings": {"api_secret_key": None, "api_keys": None}})
+    with pytest.raises(Exception, match="unknown deployment"):
+        build_app({"index_dir": str(tmp_path), "deployment_options": {"Rerankr": {}}})
