@@ -4,7 +4,6 @@ pipeline, auth and validation errors, SSE, index version switches under load, a 
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -21,9 +20,9 @@ from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.pipeline import Pipeline
 from llmframe_ray.types import Document
+from tests.serving import running_app
 
 ray = pytest.importorskip("ray")
-from ray import serve  # noqa: E402
 
 KEY = "integration-key-42"
 AUTH = {"X-API-Key": KEY}
@@ -59,12 +58,6 @@ QUERIES = [
 NEW_DOC = Document("kelp", title="Kelp", text="Kelp forests grow along cold rocky coasts, up to half a metre a day.")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class App:
     url: str
@@ -74,22 +67,14 @@ class App:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory, model_dir, tiny_reranker_dir):
-    from llmframe_ray.serve.app import AppArgs, build_app
-
     overrides = {
         "api_secret_key": KEY, "reranker_model": str(tiny_reranker_dir), "reranker_depth": 8,
         "fusion_depth": 10, "index_watch_interval_s": 0.5,
     }
     index_dir = tmp_path_factory.mktemp("serve") / "index"
-    settings = load_settings(**overrides)
-    build_index(DOCS, index_dir, settings, OnnxEmbedder(model_dir, threads=2), shards=2)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(AppArgs(index_dir=str(index_dir), reranker=True, settings=overrides)), name="llmframe", route_prefix="/")
-    yield App(f"http://127.0.0.1:{port}", index_dir, overrides)
-    serve.shutdown()
-    ray.shutdown()
+    build_index(DOCS, index_dir, load_settings(**overrides), OnnxEmbedder(model_dir, threads=2), shards=2)
+    with running_app(index_dir, overrides, reranker=True) as url:
+        yield App(url, index_dir, overrides)
 
 
 @pytest.fixture(scope="module")

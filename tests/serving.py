@@ -1,0 +1,34 @@
+"""Start the Serve app for a test: a fresh local Ray (2 CPUs), the app on a free port."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_app(index_dir: Path, overrides: dict[str, Any], *, reranker: bool = False) -> Iterator[str]:
+    """The app's base URL while it runs; Serve and Ray are shut down afterwards."""
+    import ray
+    from ray import serve
+
+    from llmframe_ray.serve.app import AppArgs, build_app
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        args = AppArgs(index_dir=str(index_dir), reranker=reranker, settings=overrides)
+        serve.run(build_app(args), name="llmframe", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
