@@ -132,6 +132,11 @@ def create_app(service: RagService, keys: ApiKeys, settings: Settings) -> FastAP
         logger.error("request failed: %s", exc)
         return error_response(500, "server_error", str(exc))
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(500, "server_error", "internal error; the server log has the details")
+
     async def require_key(request: Request) -> None:
         if not keys.allows(presented_key(request.headers)):
             raise ApiError(

@@ -39,7 +39,8 @@ class ServeStages:
 
     @staticmethod
     async def _call(stage: str, send: Callable[[], Awaitable[Any]]) -> Any:
-        for attempt in range(1, ATTEMPTS + 1):
+        attempt = 1
+        while True:
             try:
                 return await send()
             except Exception as exc:
@@ -48,9 +49,9 @@ class ServeStages:
                     raise cause from None
                 if not isinstance(cause, LOST) and not isinstance(exc, LOST):
                     raise
-                if attempt == ATTEMPTS:
+                if attempt >= ATTEMPTS:
                     raise StageUnavailableError(f"the {stage} stage is unavailable: {cause}") from None
-        raise AssertionError("unreachable")
+                attempt += 1
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
         return await self._call("retriever", lambda: self.retriever.retrieve.remote(query, mode, level, top_k))

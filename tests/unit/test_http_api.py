@@ -278,3 +278,26 @@ def test_errors_and_hits_survive_pickling():
     assert (field.field, str(field)) == ("top_k", "top_k: too big")
     hit = Hit("d", "d#0", "text", 1.5, 1, title="T", ranks={"bm25": 1, "dense": 2})
     assert pickle.loads(pickle.dumps(hit)) == hit
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind", "message"),
+    [
+        (RuntimeError("secret detail"), 500, "server_error", "internal error; the server log has the details"),
+        ("unavailable", 503, "stage_unavailable", "the retriever stage is unavailable: replica died"),
+    ],
+)
+def test_stage_failures_are_json_errors(index_dir, settings, pipeline, error, status, kind, message):
+    from llmframe_ray.serve.service import StageUnavailableError
+
+    class Failing(LocalStages):
+        async def retrieve(self, *args, **kwargs):
+            if error == "unavailable":
+                raise StageUnavailableError("the retriever stage is unavailable: replica died")
+            raise error
+
+    app = create_app(RagService(Failing(index_dir, pipeline, "v"), settings), ApiKeys.from_settings(settings), settings)
+    with TestClient(app, raise_server_exceptions=False) as failing:
+        response = failing.post("/v1/search", headers=AUTH, json={"query": "moon"})
+    assert response.status_code == status
+    assert response.json()["error"] == {"type": kind, "message": message, "field": None}
