@@ -142,6 +142,31 @@ class Settings(BaseSettings):
     max_top_k: int = Field(100, ge=1, le=1000, validation_alias=_env("MAX_TOP_K"))
     index_watch_interval_s: float = Field(2.0, ge=0, validation_alias=_env("INDEX_WATCH_INTERVAL_S"))
 
+    # Generation: an ordered chain of providers, each tried (with retries) before the next
+    llm_providers: str = Field("auto", validation_alias=_env("LLM_PROVIDERS", "LLM_PROVIDERS"))
+    anthropic_api_key: str | None = Field(
+        None, repr=False, validation_alias=_env("ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY")
+    )
+    anthropic_base_url: str | None = Field(None, validation_alias=_env("ANTHROPIC_BASE_URL", "ANTHROPIC_BASE_URL"))
+    anthropic_model: str = Field("claude-sonnet-4-5", validation_alias=_env("ANTHROPIC_MODEL", "ANTHROPIC_MODEL"))
+    openai_chat_model: str = Field("gpt-4o-mini", validation_alias=_env("OPENAI_CHAT_MODEL", "OPENAI_MODEL"))
+    llm_timeout_s: float = Field(30.0, gt=0, le=600, validation_alias=_env("LLM_TIMEOUT_S"))
+    llm_max_attempts: int = Field(3, ge=1, le=10, validation_alias=_env("LLM_MAX_ATTEMPTS"))
+    llm_backoff_s: float = Field(0.5, ge=0, le=60, validation_alias=_env("LLM_BACKOFF_S"))
+    llm_backoff_max_s: float = Field(8.0, ge=0, le=600, validation_alias=_env("LLM_BACKOFF_MAX_S"))
+    llm_circuit_failures: int = Field(3, ge=1, le=100, validation_alias=_env("LLM_CIRCUIT_FAILURES"))
+    llm_circuit_cooldown_s: float = Field(30.0, ge=0, le=3600, validation_alias=_env("LLM_CIRCUIT_COOLDOWN_S"))
+    llm_max_tokens: int = Field(1024, ge=1, le=65536, validation_alias=_env("LLM_MAX_TOKENS"))
+    llm_temperature: float = Field(0.0, ge=0, le=2, validation_alias=_env("LLM_TEMPERATURE"))
+    # USD per million tokens, input and output, by model: JSON {"model": [in, out], ...}
+    llm_prices: str = Field(
+        '{"claude-sonnet-4-5": [3.0, 15.0], "claude-haiku-4-5": [1.0, 5.0], '
+        '"gpt-4o-mini": [0.15, 0.6], "gpt-4o": [2.5, 10.0], "extractive-v1": [0.0, 0.0]}',
+        validation_alias=_env("LLM_PRICES"),
+    )
+    session_token_budget: int = Field(2000, ge=0, le=1_000_000, validation_alias=_env("SESSION_TOKEN_BUDGET"))
+    session_max: int = Field(10000, ge=1, le=10_000_000, validation_alias=_env("SESSION_MAX"))
+
     @property
     def api_key_list(self) -> tuple[str, ...]:
         """API_SECRET_KEY and the comma-separated LLMFRAME_API_KEYS, blanks dropped."""

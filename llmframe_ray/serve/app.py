@@ -1,7 +1,7 @@
 """The app builder: `build_app(args)` composes the deployments into one Serve application.
 
     Ingress -> Retriever -> QueryEncoder, DenseShard-i and SparseShard-i for every shard i
-            -> Reranker (when enabled) -> Generator
+            -> Reranker (when enabled) -> Generator (provider chain), Sessions
 
 Used by `serve run deployments/local.yaml`, `serve deploy deployments/cluster.yaml`, KubeRay
 (deployments/rayservice.yaml) and `llmframe-ray serve --index DIR`.
@@ -25,6 +25,7 @@ from llmframe_ray.serve.generator import Generator
 from llmframe_ray.serve.ingress import Ingress
 from llmframe_ray.serve.reranker import Reranker
 from llmframe_ray.serve.retriever import Retriever
+from llmframe_ray.serve.sessions import Sessions
 from llmframe_ray.serve.shard_server import shard_deployment_name
 from llmframe_ray.serve.sparse_shard import SparseShard
 
@@ -36,6 +37,7 @@ DEPLOYMENTS = {
     "Retriever": Retriever,
     "Reranker": Reranker,
     "Generator": Generator,
+    "Sessions": Sessions,
     "Ingress": Ingress,
 }
 
@@ -96,12 +98,13 @@ def build_app(args: AppArgs) -> Application:
     use_reranker = settings.reranker_enabled if args.reranker is None else args.reranker
     reranker = deployment("Reranker").bind(overrides) if use_reranker else None
     generator = deployment("Generator").bind(overrides)
+    sessions = deployment("Sessions").bind(overrides)
 
-    probes = {"QueryEncoder": encoder, "Retriever": retriever, "Generator": generator}
+    probes = {"QueryEncoder": encoder, "Retriever": retriever, "Generator": generator, "Sessions": sessions}
     probes.update({shard_deployment_name("DenseShard", i): d for i, d in enumerate(dense)})
     probes.update({shard_deployment_name("SparseShard", i): s for i, s in enumerate(sparse)})
     batched = {"QueryEncoder": encoder}
     if reranker is not None:
         probes["Reranker"] = reranker
         batched["Reranker"] = reranker
-    return deployment("Ingress").bind(retriever, reranker, generator, probes, batched, overrides)
+    return deployment("Ingress").bind(retriever, reranker, generator, sessions, probes, batched, overrides)

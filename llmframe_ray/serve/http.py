@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from llmframe_ray.config import Settings
 from llmframe_ray.errors import IndexLoadError, LLMFrameError
 from llmframe_ray.serve.auth import ApiKeys, presented_key
+from llmframe_ray.serve.openai_compat import ChatRequest
 from llmframe_ray.serve.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
 from llmframe_ray.serve.service import FieldError, RagService, StageUnavailableError
 
@@ -178,13 +179,36 @@ def create_app(service: RagService, keys: ApiKeys, settings: Settings) -> FastAP
             return await service.query(body)
         ranked = await service.retrieve_for_answer(body)
         return StreamingResponse(
-            _sse(service.answer_events(body.question, ranked)),
+            _sse(service.answer_events(body, ranked)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(body: ChatRequest) -> Any:
+        """OpenAI-compatible chat: the last user message is the question, answered from the index."""
+        if not body.stream:
+            return await service.chat(body)
+        turn = await service.chat_turn(body)
+        return StreamingResponse(
+            _openai_sse(service.chat_chunks(body, turn)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
     app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
     return app
+
+
+async def _openai_sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    try:
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+    except Exception as exc:  # OpenAI's stream error shape, then the end marker
+        logger.error("chat stream failed: %s", exc)
+        message = str(exc) if isinstance(exc, LLMFrameError) else "the answer stream failed"
+        yield f"data: {json.dumps({'error': {'message': message, 'type': 'stream_failed'}})}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[str]:

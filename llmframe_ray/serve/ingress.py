@@ -15,7 +15,8 @@ from llmframe_ray.serve.auth import ApiKeys
 from llmframe_ray.serve.http import create_app
 from llmframe_ray.serve.replica import replica_settings, unwrap
 from llmframe_ray.serve.service import RagService, Retrieved, StageUnavailableError
-from llmframe_ray.types import Answer, Hit, SearchMode
+from llmframe_ray.generate.base import Completion, Message, StreamEnd
+from llmframe_ray.types import SearchMode
 
 LOST = (RayActorError, ActorDiedError, ActorUnavailableError)
 ATTEMPTS = 2  # a call whose replica died is sent once more (Serve routes it to a live one)
@@ -30,10 +31,11 @@ class ServeStages:
         retriever: DeploymentHandle,
         reranker: DeploymentHandle | None,
         generator: DeploymentHandle,
+        sessions: DeploymentHandle,
         probes: Mapping[str, DeploymentHandle],
         batched: Mapping[str, DeploymentHandle],
     ) -> None:
-        self.retriever, self.reranker, self.generator = retriever, reranker, generator
+        self.retriever, self.reranker, self.generator, self.sessions = retriever, reranker, generator, sessions
         self.probes, self.batched = dict(probes), dict(batched)
         self.has_reranker = reranker is not None
 
@@ -59,11 +61,14 @@ class ServeStages:
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
         return await self._call("reranker", lambda: self.reranker.score.remote(query, passages))
 
-    async def answer(self, question: str, hits: list[Hit]) -> Answer:
-        return await self._call("generator", lambda: self.generator.answer.remote(question, hits))
+    async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion:
+        # retried only when the replica died; provider failures were handled by the chain
+        return await self._call("generator", lambda: self.generator.generate.remote(messages, system, max_tokens, temperature))
 
-    async def answer_events(self, question: str, hits: list[Hit]) -> AsyncIterator[str | Answer]:
-        stream = self.generator.options(stream=True).events.remote(question, hits)
+    async def generate_stream(
+        self, messages: list[Message], system: str, max_tokens: int, temperature: float
+    ) -> AsyncIterator[str | StreamEnd]:
+        stream = self.generator.options(stream=True).stream.remote(messages, system, max_tokens, temperature)
         try:
             async for item in stream:
                 yield item
@@ -71,6 +76,12 @@ class ServeStages:
             cause = unwrap(exc)
             raise (cause if isinstance(cause, LLMFrameError) else StageUnavailableError(
                 f"the generator stream failed: {cause}")) from None
+
+    async def session_history(self, session_id: str) -> list[Message]:
+        return await self._call("sessions", lambda: self.sessions.history.remote(session_id))
+
+    async def session_append(self, session_id: str, question: str, answer: str) -> None:
+        await self._call("sessions", lambda: self.sessions.append.remote(session_id, question, answer))
 
     async def readiness(self) -> dict[str, str]:
         async def probe(handle: DeploymentHandle) -> str:
@@ -92,7 +103,8 @@ class ServeStages:
     async def stats(self) -> dict[str, Any]:
         names = list(self.batched)
         values = await asyncio.gather(*(self.batched[n].batch_stats.remote() for n in names))
-        return {"note": "counters of the replica that answered, since it started", **dict(zip(names, values))}
+        usage = await self.generator.usage.remote()
+        return {"note": "counters of the replica that answered, since it started", **dict(zip(names, values)), "Generator": usage}
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
@@ -103,13 +115,14 @@ class Ingress:
         retriever: DeploymentHandle,
         reranker: DeploymentHandle | None,
         generator: DeploymentHandle,
+        sessions: DeploymentHandle,
         probes: Mapping[str, DeploymentHandle],
         batched: Mapping[str, DeploymentHandle],
         overrides: Mapping[str, Any],
     ) -> None:
         self.settings = replica_settings(overrides)
         self.keys = ApiKeys.from_settings(self.settings)
-        stages = ServeStages(retriever, reranker, generator, probes, batched)
+        stages = ServeStages(retriever, reranker, generator, sessions, probes, batched)
         self.service = RagService(stages, self.settings)
 
     def __serve_build_asgi_app__(self) -> Any:

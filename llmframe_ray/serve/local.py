@@ -11,13 +11,17 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from llmframe_ray.config import Settings
-from llmframe_ray.generate.extractive import ExtractiveAnswerer
+from llmframe_ray.generate.base import Completion, Message, Provider, StreamEnd
+from llmframe_ray.generate.chain import provider_chain
+from llmframe_ray.generate.extractive_provider import ExtractiveProvider
+from llmframe_ray.generate.fallback import FallbackProvider
+from llmframe_ray.generate.sessions import SessionStore
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.pipeline import Pipeline
 from llmframe_ray.retrieve.plan import ResultLevel
 from llmframe_ray.serve.service import Retrieved
-from llmframe_ray.types import Answer, Hit, SearchMode
+from llmframe_ray.types import SearchMode
 
 
 class LocalStages:
@@ -27,13 +31,15 @@ class LocalStages:
         pipeline: Pipeline,
         version: str,
         reranker: CrossEncoder | None = None,
-        answerer: ExtractiveAnswerer | None = None,
+        provider: Provider | None = None,
+        sessions: SessionStore | None = None,
     ) -> None:
         self.index = IndexDirectory(index_dir)
         self.pipeline = pipeline
         self.version = version
         self.reranker = reranker
-        self.answerer = answerer if answerer is not None else ExtractiveAnswerer()
+        self.provider = provider if provider is not None else FallbackProvider([ExtractiveProvider()])
+        self.sessions = sessions if sessions is not None else SessionStore(2000, 1000)
         self.has_reranker = reranker is not None
         self._lock = asyncio.Lock()  # one model call at a time, as one replica would
 
@@ -43,7 +49,8 @@ class LocalStages:
 
         loaded = IndexDirectory(index_dir).load()
         pipeline = Pipeline(loaded.shards, load_embedder(settings), settings)
-        return cls(index_dir, pipeline, loaded.version, reranker)
+        sessions = SessionStore(settings.session_token_budget, settings.session_max)
+        return cls(index_dir, pipeline, loaded.version, reranker, provider_chain(settings), sessions)
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
         async with self._lock:
@@ -55,12 +62,20 @@ class LocalStages:
             scores = await asyncio.to_thread(self.reranker.score, query, passages)
         return [float(s) for s in scores]
 
-    async def answer(self, question: str, hits: list[Hit]) -> Answer:
-        return self.answerer.answer(question, hits)
+    async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion:
+        return await self.provider.generate(messages, system=system, max_tokens=max_tokens, temperature=temperature)
 
-    async def answer_events(self, question: str, hits: list[Hit]) -> AsyncIterator[str | Answer]:
-        for item in self.answerer.events(question, hits):
+    async def generate_stream(
+        self, messages: list[Message], system: str, max_tokens: int, temperature: float
+    ) -> AsyncIterator[str | StreamEnd]:
+        async for item in self.provider.stream(messages, system=system, max_tokens=max_tokens, temperature=temperature):
             yield item
+
+    async def session_history(self, session_id: str) -> list[Message]:
+        return self.sessions.history(session_id)
+
+    async def session_append(self, session_id: str, question: str, answer: str) -> None:
+        self.sessions.append(session_id, question, answer)
 
     async def readiness(self) -> dict[str, str]:
         return {"pipeline": "ready"}

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llmframe_ray.generate.sessions import check_session_id
 from llmframe_ray.types import Answer, Hit
 
 Mode = Literal["bm25", "dense", "hybrid"]
@@ -39,8 +40,14 @@ class QueryRequest(BaseModel):
     stream: bool = Field(False, description="Answer as Server-Sent Events.")
     mode: Mode | None = None
     rerank: bool | None = None
+    session_id: str | None = Field(None, description="Conversation id: follow-up questions see this session's earlier turns.")
 
     _question = field_validator("question")(_not_blank)
+
+    @field_validator("session_id")
+    @classmethod
+    def _session(cls, value: str | None) -> str | None:
+        return None if value is None else check_session_id(value)
 
 
 class HitOut(BaseModel):
@@ -77,16 +84,23 @@ class CitationOut(BaseModel):
     snippet: str
 
 
+class UsageOut(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None = Field(description="From the price table (LLMFRAME_LLM_PRICES); null for an unpriced model.")
+
+
 class AnswerOut(BaseModel):
     answer: str
     cited: bool = Field(description="False when the answer cites no passage.")
     citations: list[CitationOut]
-    provider: str
+    provider: str = Field(description="The provider that answered (anthropic, openai, extractive).")
     model: str
     finish_reason: str
+    usage: UsageOut
 
     @classmethod
-    def of(cls, answer: Answer) -> AnswerOut:
+    def of(cls, answer: Answer, usage: UsageOut) -> AnswerOut:
         return cls(
             answer=answer.text,
             cited=answer.cited,
@@ -94,10 +108,12 @@ class AnswerOut(BaseModel):
             provider=answer.provider,
             model=answer.model,
             finish_reason=answer.finish_reason,
+            usage=usage,
         )
 
 
 class QueryResponse(AnswerOut):
+    session_id: str | None
     version: str
     mode: Mode
     reranked: bool

@@ -1,7 +1,8 @@
 """The API's request paths, composed once over abstract stages.
 
     search: check -> retrieve (top max(k, rerank depth)) -> [rerank the head] -> top k
-    query:  search -> generate an answer with citations (whole, or as events)
+    query:  search -> prompt with numbered context (+ session history) -> provider chain
+            -> answer with its [n] markers mapped to the hits, usage and cost (whole, or as events)
 
 `Stages` is implemented by Serve deployment handles (serve/ingress.py) and by direct in-process
 calls (serve/local.py); the ranking itself lives in the core (retrieve/plan.py, rerank.py).
@@ -17,8 +18,23 @@ from llmframe_ray.config import Settings
 from llmframe_ray.errors import LLMFrameError, QueryError
 from llmframe_ray.retrieve.plan import ResultLevel
 from llmframe_ray.retrieve.rerank import passage_of, rerank_hits
+from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
+from llmframe_ray.generate.costs import PriceTable
+from llmframe_ray.generate.prompts import SYSTEM_PROMPT, build_messages, cite
+from llmframe_ray.serve.openai_compat import (
+    FINISH,
+    ChatRequest,
+    ChatTurnError,
+    chat_turn,
+    chunk_body,
+    completion_body,
+    extras,
+    new_id,
+    usage_of,
+)
 from llmframe_ray.serve.schemas import (
     AnswerOut,
+    UsageOut,
     HitOut,
     QueryRequest,
     QueryResponse,
@@ -54,9 +70,15 @@ class Stages(Protocol):
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]: ...
 
-    async def answer(self, question: str, hits: list[Hit]) -> Answer: ...
+    async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion: ...
 
-    def answer_events(self, question: str, hits: list[Hit]) -> AsyncIterator[str | Answer]: ...
+    def generate_stream(
+        self, messages: list[Message], system: str, max_tokens: int, temperature: float
+    ) -> AsyncIterator[str | StreamEnd]: ...
+
+    async def session_history(self, session_id: str) -> list[Message]: ...
+
+    async def session_append(self, session_id: str, question: str, answer: str) -> None: ...
 
     async def readiness(self) -> dict[str, str]: ...
 
@@ -67,8 +89,24 @@ class Stages(Protocol):
     async def stats(self) -> dict[str, Any]: ...
 
 
+STREAM_MODEL = "llmframe-rag"  # chunks before the last: the answering model is known at the end
+
+
 def _ms(start: float) -> float:
     return round((time.perf_counter() - start) * 1000, 2)
+
+
+def _with_total(timings: dict[str, float]) -> dict[str, float]:
+    return {**timings, "total": round(sum(v for k, v in timings.items() if k != "total"), 2)}
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    messages: list[Message]
+    system: str
+    max_tokens: int
+    temperature: float
+    ranked: Ranked
 
 
 @dataclass(frozen=True)
@@ -84,6 +122,7 @@ class RagService:
     def __init__(self, stages: Stages, settings: Settings) -> None:
         self.stages = stages
         self.settings = settings
+        self.prices = PriceTable.from_json(settings.llm_prices)
 
     @property
     def default_mode(self) -> SearchMode:
@@ -104,16 +143,21 @@ class RagService:
 
     async def query(self, request: QueryRequest) -> QueryResponse:
         ranked = await self.retrieve_for_answer(request)
+        history = await self._history(request.session_id)
         start = time.perf_counter()
-        answer = await self.stages.answer(request.question, ranked.hits)
-        timings = {**ranked.timings_ms, "generate": _ms(start)}
-        timings["total"] = round(sum(v for k, v in timings.items() if k != "total"), 2)
+        completion = await self.stages.generate(
+            build_messages(request.question, ranked.hits, history), SYSTEM_PROMPT,
+            self.settings.llm_max_tokens, self.settings.llm_temperature,
+        )
+        answer = self._answer(completion.text, completion.usage, completion.model, completion.provider, completion.finish_reason, ranked.hits)
+        await self._remember(request.session_id, request.question, completion.text)
         return QueryResponse(
-            **AnswerOut.of(answer).model_dump(),
+            **answer.model_dump(),
+            session_id=request.session_id,
             version=ranked.version,
             mode=ranked.mode.value,
             reranked=ranked.reranked,
-            timings_ms=timings,
+            timings_ms=_with_total({**ranked.timings_ms, "generate": _ms(start)}),
         )
 
     async def retrieve_for_answer(self, request: QueryRequest) -> Ranked:
@@ -122,26 +166,91 @@ class RagService:
             "question", request.question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank
         )
 
-    async def answer_events(self, question: str, ranked: Ranked) -> AsyncIterator[tuple[str, dict]]:
+    async def answer_events(self, request: QueryRequest, ranked: Ranked) -> AsyncIterator[tuple[str, dict]]:
         """Server-Sent Event payloads: `delta` {text}..., `citations`, then `done`."""
+        history = await self._history(request.session_id)
+        messages = build_messages(request.question, ranked.hits, history)
         start = time.perf_counter()
-        async for item in self.stages.answer_events(question, ranked.hits):
+        parts: list[str] = []
+        async for item in self.stages.generate_stream(
+            messages, SYSTEM_PROMPT, self.settings.llm_max_tokens, self.settings.llm_temperature
+        ):
             if isinstance(item, str):
+                parts.append(item)
                 yield "delta", {"text": item}
                 continue
-            answer = AnswerOut.of(item)
+            text = "".join(parts)
+            answer = self._answer(text, item.usage, item.model, item.provider, item.finish_reason, ranked.hits)
+            await self._remember(request.session_id, request.question, text)
             yield "citations", {"cited": answer.cited, "citations": [c.model_dump() for c in answer.citations]}
-            timings = {**ranked.timings_ms, "generate": _ms(start)}
-            timings["total"] = round(sum(v for k, v in timings.items() if k != "total"), 2)
             yield "done", {
                 "provider": answer.provider,
                 "model": answer.model,
                 "finish_reason": answer.finish_reason,
+                "usage": answer.usage.model_dump(),
+                "session_id": request.session_id,
                 "version": ranked.version,
                 "mode": ranked.mode.value,
                 "reranked": ranked.reranked,
-                "timings_ms": timings,
+                "timings_ms": _with_total({**ranked.timings_ms, "generate": _ms(start)}),
             }
+
+    async def chat_turn(self, request: ChatRequest) -> ChatTurn:
+        """Question, history, system prompt and passages of a chat request (errors before any byte)."""
+        try:
+            question, history, extra = chat_turn(request, self.settings.session_token_budget)
+        except ChatTurnError as exc:
+            raise FieldError(exc.field, str(exc)) from None
+        ranked = await self._ranked("messages", question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank)
+        system = f"{SYSTEM_PROMPT}\n\n{extra}" if extra else SYSTEM_PROMPT
+        max_tokens = request.max_completion_tokens or request.max_tokens or self.settings.llm_max_tokens
+        temperature = self.settings.llm_temperature if request.temperature is None else request.temperature
+        return ChatTurn(build_messages(question, ranked.hits, history), system, max_tokens, temperature, ranked)
+
+    async def chat(self, request: ChatRequest) -> dict[str, Any]:
+        turn = await self.chat_turn(request)
+        start = time.perf_counter()
+        c = await self.stages.generate(turn.messages, turn.system, turn.max_tokens, turn.temperature)
+        answer = self._answer(c.text, c.usage, c.model, c.provider, c.finish_reason, turn.ranked.hits)
+        return completion_body(new_id(), answer, self._meta(turn.ranked, start))
+
+    async def chat_chunks(self, request: ChatRequest, turn: ChatTurn) -> AsyncIterator[dict[str, Any]]:
+        """`chat.completion.chunk` bodies: the role, the text deltas, the finish (with the
+        citations), and the usage when the client asked for it."""
+        chat_id, start, parts = new_id(), time.perf_counter(), []
+        yield chunk_body(chat_id, STREAM_MODEL, {"role": "assistant", "content": ""})
+        async for item in self.stages.generate_stream(turn.messages, turn.system, turn.max_tokens, turn.temperature):
+            if isinstance(item, str):
+                parts.append(item)
+                yield chunk_body(chat_id, STREAM_MODEL, {"content": item})
+                continue
+            answer = self._answer("".join(parts), item.usage, item.model, item.provider, item.finish_reason, turn.ranked.hits)
+            finish = FINISH.get(answer.finish_reason, answer.finish_reason)
+            yield chunk_body(chat_id, answer.model, {}, finish, **extras(answer, self._meta(turn.ranked, start)))
+            if request.stream_options is not None and request.stream_options.include_usage:
+                yield {**chunk_body(chat_id, answer.model, {}), "choices": [], "usage": usage_of(answer)}
+
+    @staticmethod
+    def _meta(ranked: Ranked, start: float) -> dict[str, Any]:
+        timings = _with_total({**ranked.timings_ms, "generate": _ms(start)})
+        return {"version": ranked.version, "mode": ranked.mode.value, "reranked": ranked.reranked, "timings_ms": timings}
+
+    def _answer(
+        self, text: str, usage: Usage, model: str, provider: str, finish_reason: str, hits: list[Hit]
+    ) -> AnswerOut:
+        """The answer with its [n] markers mapped to the hits, its usage and cost."""
+        answer = Answer(text, cite(text, hits), provider, model, finish_reason)
+        return AnswerOut.of(answer, UsageOut(
+            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+            cost_usd=self.prices.cost(model, usage),
+        ))
+
+    async def _history(self, session_id: str | None) -> list[Message]:
+        return [] if session_id is None else await self.stages.session_history(session_id)
+
+    async def _remember(self, session_id: str | None, question: str, answer: str) -> None:
+        if session_id is not None:
+            await self.stages.session_append(session_id, question, answer)
 
     async def _ranked(
         self, field: str, text: str, mode: str | None, level: ResultLevel, top_k: int, rerank: bool | None
@@ -173,6 +282,5 @@ class RagService:
             scores = await self.stages.rerank_scores(text, [passage_of(h) for h in head])
             hits = rerank_hits(text, hits, None, depth, settings.reranker_fusion_k, scores=scores)
             timings["rerank"] = _ms(start)
-        timings["total"] = round(sum(timings.values()), 2)
-        return Ranked(retrieved.version, search_mode, rerank, hits[:top_k], timings)
+        return Ranked(retrieved.version, search_mode, rerank, hits[:top_k], _with_total(timings))
 

@@ -142,7 +142,7 @@ def test_readyz_and_index(app, client):
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert set(ready.json()["stages"]) == {
-        "QueryEncoder", "Retriever", "Generator", "Reranker", "DenseShard-0", "DenseShard-1", "SparseShard-0", "SparseShard-1",
+        "QueryEncoder", "Retriever", "Generator", "Sessions", "Reranker", "DenseShard-0", "DenseShard-1", "SparseShard-0", "SparseShard-1",
     }
     info = client.get("/v1/index", headers=AUTH).json()
     assert info["version"] == IndexDirectory(app.index_dir).current_version()
@@ -233,3 +233,30 @@ def test_a_killed_shard_replica_is_replaced_without_failed_requests(app):
             t.join(timeout=60)
     assert [r for r in results if r[0] != 200] == []
     assert all(docs[0] == "rust" for _, _, docs in results)
+
+
+def test_openai_client_against_the_served_app(app):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{app.url}/v1", api_key=KEY)
+    question = [{"role": "user", "content": "What causes the ocean tides?"}]
+    reply = client.chat.completions.create(model="any", messages=question)
+    text = reply.choices[0].message.content
+    assert text.startswith("Extractive answer (no language model configured)")
+    citations = reply.model_extra["citations"]
+    assert citations and citations[0]["doc_id"] == "tides" and f"[{citations[0]['n']}]" in text
+    assert reply.model_extra["llmframe"]["provider"] == "extractive"
+    chunks = list(client.chat.completions.create(model="any", messages=question, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c for c in chunks if c.choices and c.choices[0].finish_reason][0].model_extra["citations"] == citations
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_sessions_and_usage_over_serve(client):
+    first = client.post("/v1/query", headers=AUTH, json={"question": "What causes the ocean tides?", "session_id": "s-1"}).json()
+    follow = client.post("/v1/query", headers=AUTH, json={"question": "And the phases of the moon?", "session_id": "s-1"}).json()
+    alone = client.post("/v1/query", headers=AUTH, json={"question": "And the phases of the moon?"}).json()
+    assert follow["usage"]["input_tokens"] > alone["usage"]["input_tokens"]
+    assert first["usage"]["cost_usd"] == 0.0 and first["provider"] == "extractive"
+    stats = client.get("/v1/stats", headers=AUTH).json()
+    assert stats["Generator"]["extractive/extractive-v1"]["answers"] >= 3

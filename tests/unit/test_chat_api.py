@@ -1,0 +1,107 @@
+"""The OpenAI-compatible endpoint driven by the official `openai` client over real HTTP (uvicorn
+in a thread, in-process stages, no Ray), and sessions in /v1/query."""
+
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.indexing import build_index
+from llmframe_ray.pipeline import Pipeline
+from llmframe_ray.serve.auth import ApiKeys
+from llmframe_ray.serve.http import create_app
+from llmframe_ray.serve.local import LocalStages
+from llmframe_ray.serve.service import RagService
+from llmframe_ray.types import Document
+
+KEY = "chat-key"
+DOCS = [
+    Document("tides", title="Tides", text="Ocean tides are driven mainly by the gravitational pull of the Moon."),
+    Document("bread", title="Bread", text="A sourdough starter is a culture of wild yeast and lactic acid bacteria."),
+    Document("lava", title="Volcanoes", text="Basaltic lava flows erupt from shield volcanoes such as Mauna Loa."),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, embedder):
+    settings = load_settings(api_secret_key=KEY, llm_providers="extractive")
+    index = tmp_path_factory.mktemp("chat") / "index"
+    build_index(DOCS, index, settings, embedder)
+    from llmframe_ray.index.versions import IndexDirectory
+
+    stages = LocalStages(index, Pipeline.open(index, settings, embedder), IndexDirectory(index).current_version())
+    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    uv.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_openai_client_non_streaming(server):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY)
+    reply = client.chat.completions.create(
+        model="anything", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What drives the ocean tides?"}]
+    )
+    text = reply.choices[0].message.content
+    assert text.startswith("Extractive answer (no language model configured)")
+    assert "Ocean tides are driven mainly by the gravitational pull of the Moon. [1]" in text
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.model == "extractive-v1"
+    assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    extra = reply.model_extra
+    assert extra["citations"][0]["doc_id"] == "tides" and extra["citations"][0]["n"] == 1
+    assert extra["llmframe"]["provider"] == "extractive" and extra["llmframe"]["cost_usd"] == 0.0
+
+
+def test_openai_client_streaming(server):
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY)
+    whole = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "What drives the ocean tides?"}])
+    chunks = list(client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "What drives the ocean tides?"}],
+        stream=True, stream_options={"include_usage": True},
+    ))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "stop"
+    assert finals[0].model_extra["citations"] == whole.model_extra["citations"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_openai_client_errors(server):
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server}/v1", api_key="wrong").chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=KEY)
+    with pytest.raises(openai.UnprocessableEntityError) as err:
+        client.chat.completions.create(model="m", messages=[{"role": "assistant", "content": "hello"}])
+    assert err.value.response.json()["error"] == {
+        "type": "invalid_request", "field": "messages",
+        "message": "messages: the last message must have role 'user' (it is the question)",
+    }
+
+
+def test_query_sessions_carry_the_conversation(server):
+    with httpx.Client(base_url=server, headers={"X-API-Key": KEY}, timeout=60) as c:
+        first = c.post("/v1/query", json={"question": "What drives the ocean tides?", "session_id": "conv-1"}).json()
+        second = c.post("/v1/query", json={"question": "And what is a sourdough starter?", "session_id": "conv-1"}).json()
+        assert first["session_id"] == second["session_id"] == "conv-1"
+        # the extractive answerer counts every message it is given: the follow-up carries turn one
+        alone = c.post("/v1/query", json={"question": "And what is a sourdough starter?"}).json()
+        assert second["usage"]["input_tokens"] > alone["usage"]["input_tokens"] + len(first["answer"].split()) - 1
+        bad = c.post("/v1/query", json={"question": "x", "session_id": "bad id"})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "session_id"
