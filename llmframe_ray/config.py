@@ -245,8 +245,15 @@ def load_settings(**overrides: Any) -> Settings:
         for err in exc.errors():
             name = _setting_name(tuple(err.get("loc", ())))
             message = err.get("msg", "invalid value").removeprefix("Value error, ")
+            loc = tuple(err.get("loc", ()))
+            secret = bool(loc) and any(
+                info.repr is False and (str(loc[0]) == key or str(loc[0]) in _env_names(key))
+                for key, info in Settings.model_fields.items()
+            )
             if name == "settings":
                 problems.append(message)
+            elif secret:  # never echo a key
+                problems.append(f"{name}: {message}")
             else:
                 problems.append(f"{name}: {message} (got {err.get('input')!r})")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None

@@ -10,7 +10,8 @@ fallback chain of them) takes the same messages and returns the same shapes.
 
 Failures raise ProviderError subclasses that say whether trying again (or another provider)
 can help: RateLimitedError (429, with retry-after), ProviderUnavailableError (5xx, connection),
-ProviderTimeoutError, ProviderRequestError (a 4xx caused by the request: never retried),
+ProviderTimeoutError, ProviderConfigError (401/403/404: not retried, the next provider is tried),
+ProviderRequestError (another 4xx, caused by the request: never retried nor passed on),
 StreamInterruptedError (a stream that broke after its first delta).
 """
 
@@ -108,6 +109,13 @@ class ProviderTimeoutError(ProviderError):
 
 class StreamInterruptedError(ProviderError):
     """The stream broke after deltas were delivered: not retried (the client has them)."""
+
+    retryable = False
+
+
+class ProviderConfigError(ProviderError):
+    """The provider refused this server's credentials or does not know its model (401, 403,
+    404): retrying cannot help, but the next provider can answer."""
 
     retryable = False
 

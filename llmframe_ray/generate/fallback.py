@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from llmframe_ray.generate.base import (
-    Completion, Message, Provider, ProviderError, ProviderTimeoutError, ProviderUnavailableError,
+    Completion, Message, Provider, ProviderConfigError, ProviderError, ProviderTimeoutError, ProviderUnavailableError,
     RateLimitedError, StreamEnd, StreamInterruptedError,
 )
 
@@ -285,7 +285,7 @@ class FallbackProvider:
                     provider.name, f"no answer within {self.attempt_timeout_s:g} s"
                 )
             except ProviderError as raised:
-                if not raised.retryable:
+                if not raised.retryable and not isinstance(raised, ProviderConfigError):
                     raise
                 error = raised
             wait = self._wait(attempt, error)
@@ -298,7 +298,7 @@ class FallbackProvider:
 
     def _wait(self, attempt: int, error: ProviderError) -> float | None:
         """Seconds to sleep before retrying after failed attempt `attempt`; None: move on."""
-        if attempt >= self.max_attempts:
+        if attempt >= self.max_attempts or isinstance(error, ProviderConfigError):
             return None
         retry_after = error.retry_after if isinstance(error, RateLimitedError) else None
         if retry_after is not None and retry_after > self.backoff_max_s:

@@ -31,6 +31,7 @@ import httpx2
 
 from llmframe_ray.generate.base import (
     ProviderError,
+    ProviderConfigError,
     ProviderRequestError,
     ProviderTimeoutError,
     ProviderUnavailableError,
@@ -117,6 +118,8 @@ class ErrorMapper:
             return ProviderTimeoutError(self.provider, f"HTTP 408 request timeout: {detail}", status=408)
         if status >= 500:
             return ProviderUnavailableError(self.provider, f"HTTP {status} server error: {detail}", status=status)
+        if status in (401, 403, 404):
+            return ProviderConfigError(self.provider, f"HTTP {status} (check the key and model): {detail}", status=status)
         if status >= 400:
             return ProviderRequestError(self.provider, f"HTTP {status} request rejected: {detail}", status=status)
         # An `error` event inside a stream that began with 200 (e.g. Anthropic's overloaded_error).

@@ -1,10 +1,13 @@
-"""Conversation history per session id, so that follow-up questions see earlier turns.
+"""Conversation history per session, so that follow-up questions see earlier turns.
 
-A session is a list of (question, answer) turns. `history(session_id)` returns the most recent
-turns that fit in `token_budget` (oldest dropped first, whole turns only) as Messages;
-`append` records a turn. At most `max_sessions` sessions are kept: the least recently used
-one is forgotten first. Token counts are estimated (about 4 characters per token, the usual
-rule of thumb for English with these vendors' tokenizers), never sent anywhere.
+`trim_messages` keeps the newest messages whose estimated tokens fit a budget and never starts
+with an assistant message (vendors expect a conversation to open with the user). A
+`SessionStore` keeps, per session key, the messages of its (question, answer) turns, trimmed that
+way on every append, so a session never holds more than the budget; at most `max_sessions`
+sessions are kept, the least recently used forgotten first. The API keys sessions by the caller's
+API key and the client's session id, so one key cannot read another's conversation. Token counts
+are estimated (about 4 characters per token, the usual rule of thumb for English with these
+vendors' tokenizers).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Sequence
 
 from llmframe_ray.generate.base import Message
 
@@ -29,22 +32,21 @@ def check_session_id(session_id: str) -> str:
     return session_id
 
 
-def trim_turns(
-    turns: list[tuple[str, str]], budget: int, count_tokens: Callable[[str], int] = estimate_tokens
+def trim_messages(
+    messages: Sequence[Message], budget: int, count_tokens: Callable[[str], int] = estimate_tokens
 ) -> list[Message]:
-    """The newest whole (question, answer) turns whose tokens fit in `budget`, as Messages."""
-    kept: list[tuple[str, str]] = []
+    """The newest messages that fit in `budget` tokens, starting with a user message."""
+    kept: list[Message] = []
     used = 0
-    for question, answer in reversed(turns):
-        cost = count_tokens(question) + count_tokens(answer)
-        if used + cost > budget:
+    for message in reversed(messages):
+        used += count_tokens(message.content)
+        if used > budget:
             break
-        kept.append((question, answer))
-        used += cost
-    messages: list[Message] = []
-    for question, answer in reversed(kept):
-        messages += [Message("user", question), Message("assistant", answer)]
-    return messages
+        kept.append(message)
+    kept.reverse()
+    while kept and kept[0].role != "user":
+        kept.pop(0)
+    return kept
 
 
 class SessionStore:
@@ -56,23 +58,23 @@ class SessionStore:
         self.token_budget = token_budget
         self.max_sessions = max_sessions
         self.count_tokens = count_tokens
-        self._turns: OrderedDict[str, list[tuple[str, str]]] = OrderedDict()
+        self._sessions: OrderedDict[str, list[Message]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def history(self, session_id: str) -> list[Message]:
+    def history(self, key: str) -> list[Message]:
         with self._lock:
-            turns = list(self._turns.get(check_session_id(session_id), ()))
-            if session_id in self._turns:
-                self._turns.move_to_end(session_id)
-        return trim_turns(turns, self.token_budget, self.count_tokens)
+            if key not in self._sessions:
+                return []
+            self._sessions.move_to_end(key)
+            return list(self._sessions[key])
 
-    def append(self, session_id: str, question: str, answer: str) -> None:
+    def append(self, key: str, question: str, answer: str) -> None:
         with self._lock:
-            turns = self._turns.setdefault(check_session_id(session_id), [])
-            turns.append((question, answer))
-            self._turns.move_to_end(session_id)
-            while len(self._turns) > self.max_sessions:
-                self._turns.popitem(last=False)
+            messages = self._sessions.get(key, []) + [Message("user", question), Message("assistant", answer)]
+            self._sessions[key] = trim_messages(messages, self.token_budget, self.count_tokens)
+            self._sessions.move_to_end(key)
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
 
     def __len__(self) -> int:
-        return len(self._turns)
+        return len(self._sessions)

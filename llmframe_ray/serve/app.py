@@ -15,8 +15,8 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray.serve import Application
 
-from llmframe_ray.config import load_settings
-from llmframe_ray.errors import IndexLoadError
+from llmframe_ray.config import Settings, load_settings
+from llmframe_ray.errors import ConfigError, IndexLoadError
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.serve.auth import ApiKeys
 from llmframe_ray.serve.dense_shard import DenseShard
@@ -70,7 +70,12 @@ def build_app(args: AppArgs) -> Application:
     if not isinstance(args, AppArgs):
         args = AppArgs.model_validate(args)
     overrides = dict(args.settings)
+    unknown = sorted(set(overrides) - set(Settings.model_fields))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {unknown} in the app's args.settings; names are Settings fields, e.g. reranker_model")
     settings = load_settings(**overrides)  # a bad setting fails here, before any replica starts
+    if args.reranker is not None:
+        overrides["reranker_enabled"] = args.reranker  # rerank by default exactly when deployed
     ApiKeys.from_settings(settings)
     root = Path(args.index_dir).expanduser().resolve()
     index = IndexDirectory(root)

@@ -60,6 +60,11 @@ class ApiKeys:
         return matched
 
 
+def key_owner(presented: str | None) -> str:
+    """A stable, non-reversible name for the caller's key (sessions are kept per key)."""
+    return hashlib.sha256((presented or "").encode("utf-8")).hexdigest()[:16]
+
+
 def presented_key(headers: Mapping[str, str]) -> str | None:
     """The key a request carries: X-API-Key, else an `Authorization: Bearer` token."""
     key = headers.get("x-api-key")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,12 +23,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from llmframe_ray.config import Settings
 from llmframe_ray.errors import IndexLoadError, LLMFrameError
-from llmframe_ray.serve.auth import ApiKeys, presented_key
+from llmframe_ray.generate.base import ProviderError
+from llmframe_ray.serve.auth import ApiKeys, key_owner, presented_key
 from llmframe_ray.serve.openai_compat import ChatRequest
 from llmframe_ray.serve.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
-from llmframe_ray.serve.service import FieldError, RagService, StageUnavailableError
+from llmframe_ray.serve.service import FieldError, RagService, StageUnavailableError, prepend
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+PROVIDER_FAILED = "no answer provider could answer; the server log has the details"
 
 
 class ApiError(Exception):
@@ -128,6 +131,11 @@ def create_app(service: RagService, keys: ApiKeys, settings: Settings) -> FastAP
     async def _stage_error(request: Request, exc: StageUnavailableError) -> JSONResponse:
         return error_response(503, "stage_unavailable", str(exc))
 
+    @app.exception_handler(ProviderError)
+    async def _provider_error(request: Request, exc: ProviderError) -> JSONResponse:
+        logger.error("no provider answered: %s", exc)  # vendor messages stay in the server log
+        return error_response(502, "provider_error", PROVIDER_FAILED)
+
     @app.exception_handler(LLMFrameError)
     async def _other_error(request: Request, exc: LLMFrameError) -> JSONResponse:
         logger.error("request failed: %s", exc)
@@ -174,12 +182,13 @@ def create_app(service: RagService, keys: ApiKeys, settings: Settings) -> FastAP
         return await service.search(body)
 
     @app.post("/v1/query", dependencies=auth, response_model=QueryResponse)
-    async def query(body: QueryRequest) -> Any:
+    async def query(body: QueryRequest, request: Request) -> Any:
+        owner = key_owner(presented_key(request.headers))
         if not body.stream:
-            return await service.query(body)
+            return await service.query(body, owner)
         ranked = await service.retrieve_for_answer(body)
         return StreamingResponse(
-            _sse(service.answer_events(body, ranked)),
+            _sse(await _started(service.answer_events(body, ranked, owner))),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -191,7 +200,7 @@ def create_app(service: RagService, keys: ApiKeys, settings: Settings) -> FastAP
             return await service.chat(body)
         turn = await service.chat_turn(body)
         return StreamingResponse(
-            _openai_sse(service.chat_chunks(body, turn)),
+            _openai_sse(await _started(service.chat_chunks(body, turn))),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -200,13 +209,25 @@ def create_app(service: RagService, keys: ApiKeys, settings: Settings) -> FastAP
     return app
 
 
+async def _started(items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """`items`, run up to its first item now: a failure before it is an HTTP error status, not
+    a 200 with an error event."""
+    return prepend(await anext(items), items)
+
+
+def _stream_error(exc: Exception) -> str:
+    if isinstance(exc, ProviderError):
+        return PROVIDER_FAILED
+    return str(exc) if isinstance(exc, LLMFrameError) else "the answer stream failed"
+
+
 async def _openai_sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
     try:
         async for chunk in chunks:
             yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     except Exception as exc:  # OpenAI's stream error shape, then the end marker
         logger.error("chat stream failed: %s", exc)
-        message = str(exc) if isinstance(exc, LLMFrameError) else "the answer stream failed"
+        message = _stream_error(exc)
         yield f"data: {json.dumps({'error': {'message': message, 'type': 'stream_failed'}})}\n\n"
     yield "data: [DONE]\n\n"
 
@@ -217,5 +238,5 @@ async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[str]:
             yield f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
     except Exception as exc:  # the status line is gone: report the failure in the stream
         logger.error("answer stream failed: %s", exc)
-        message = str(exc) if isinstance(exc, LLMFrameError) else "the answer stream failed"
+        message = _stream_error(exc)
         yield f"event: error\ndata: {json.dumps({'type': 'stream_failed', 'message': message})}\n\n"

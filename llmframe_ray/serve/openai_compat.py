@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmframe_ray.generate.base import Message
-from llmframe_ray.generate.sessions import estimate_tokens
+from llmframe_ray.generate.sessions import trim_messages
 from llmframe_ray.serve.schemas import AnswerOut, Mode
 
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "no_context": "stop", "tool_use": "tool_calls"}
@@ -87,13 +87,7 @@ def chat_turn(request: ChatRequest, budget: int) -> tuple[str, list[Message], st
             system.append(text)
         elif message.role in ("user", "assistant") and text.strip():
             history.append(Message(message.role, text))
-    kept, used = [], 0
-    for message in reversed(history):
-        used += estimate_tokens(message.content)
-        if used > budget:
-            break
-        kept.append(message)
-    return question, kept[::-1], "\n\n".join(s for s in system if s.strip())
+    return question, trim_messages(history, budget), "\n\n".join(s for s in system if s.strip())
 
 
 def new_id() -> str:

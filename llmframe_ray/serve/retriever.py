@@ -19,7 +19,7 @@ import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from llmframe_ray.errors import IndexLoadError
+from llmframe_ray.errors import IndexLoadError, ModelError
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.embedder import check_query_text
 from llmframe_ray.pipeline import check_model, fusion_settings
@@ -36,7 +36,7 @@ from llmframe_ray.retrieve.plan import (
     run_plan_async,
 )
 from llmframe_ray.serve.replica import replica_settings, unwrap
-from llmframe_ray.serve.service import FieldError, Retrieved
+from llmframe_ray.serve.service import Retrieved
 from llmframe_ray.types import SearchMode
 
 logger = logging.getLogger("ray.serve")
@@ -76,7 +76,7 @@ class Retriever:
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
         served = self.served  # this request's version, whatever is published meanwhile
         if mode in (SearchMode.BM25, SearchMode.HYBRID) and served.bm25_problem is not None:
-            raise FieldError("mode", served.bm25_problem)
+            raise IndexLoadError(served.bm25_problem)
         plan = retrieval_plan(
             [check_query_text(query)], mode, level, top_k, [f.size for f in served.facts], self.fusion
         )
@@ -127,7 +127,8 @@ class Retriever:
             try:
                 served = await self._prepare(current)
             except Exception as exc:
-                self._failed = current
+                if isinstance(exc, (IndexLoadError, ModelError)):  # the version itself is unusable
+                    self._failed = current
                 self.problem = f"version {current} is not served: {exc}"
                 logger.error(self.problem)
                 raise

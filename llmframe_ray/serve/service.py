@@ -96,6 +96,17 @@ def _ms(start: float) -> float:
     return round((time.perf_counter() - start) * 1000, 2)
 
 
+async def prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """`first`, then the items of `rest`."""
+    yield first
+    async for item in rest:
+        yield item
+
+
+def _session_key(owner: str, session_id: str | None) -> str | None:
+    return None if session_id is None else f"{owner}/{session_id}"
+
+
 def _with_total(timings: dict[str, float]) -> dict[str, float]:
     return {**timings, "total": round(sum(v for k, v in timings.items() if k != "total"), 2)}
 
@@ -141,16 +152,18 @@ class RagService:
             timings_ms=ranked.timings_ms,
         )
 
-    async def query(self, request: QueryRequest) -> QueryResponse:
+    async def query(self, request: QueryRequest, owner: str = "") -> QueryResponse:
+        """`owner` (a digest of the caller's API key) keys the session with the client's id."""
         ranked = await self.retrieve_for_answer(request)
-        history = await self._history(request.session_id)
+        session = _session_key(owner, request.session_id)
+        history = await self._history(session)
         start = time.perf_counter()
         completion = await self.stages.generate(
             build_messages(request.question, ranked.hits, history), SYSTEM_PROMPT,
             self.settings.llm_max_tokens, self.settings.llm_temperature,
         )
         answer = self._answer(completion.text, completion.usage, completion.model, completion.provider, completion.finish_reason, ranked.hits)
-        await self._remember(request.session_id, request.question, completion.text)
+        await self._remember(session, request.question, completion.text)
         return QueryResponse(
             **answer.model_dump(),
             session_id=request.session_id,
@@ -166,9 +179,10 @@ class RagService:
             "question", request.question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank
         )
 
-    async def answer_events(self, request: QueryRequest, ranked: Ranked) -> AsyncIterator[tuple[str, dict]]:
+    async def answer_events(self, request: QueryRequest, ranked: Ranked, owner: str = "") -> AsyncIterator[tuple[str, dict]]:
         """Server-Sent Event payloads: `delta` {text}..., `citations`, then `done`."""
-        history = await self._history(request.session_id)
+        session = _session_key(owner, request.session_id)
+        history = await self._history(session)
         messages = build_messages(request.question, ranked.hits, history)
         start = time.perf_counter()
         parts: list[str] = []
@@ -181,7 +195,7 @@ class RagService:
                 continue
             text = "".join(parts)
             answer = self._answer(text, item.usage, item.model, item.provider, item.finish_reason, ranked.hits)
-            await self._remember(request.session_id, request.question, text)
+            await self._remember(session, request.question, text)
             yield "citations", {"cited": answer.cited, "citations": [c.model_dump() for c in answer.citations]}
             yield "done", {
                 "provider": answer.provider,
@@ -203,7 +217,9 @@ class RagService:
             raise FieldError(exc.field, str(exc)) from None
         ranked = await self._ranked("messages", question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank)
         system = f"{SYSTEM_PROMPT}\n\n{extra}" if extra else SYSTEM_PROMPT
-        max_tokens = request.max_completion_tokens or request.max_tokens or self.settings.llm_max_tokens
+        max_tokens = next(
+            (v for v in (request.max_completion_tokens, request.max_tokens) if v is not None), self.settings.llm_max_tokens
+        )
         temperature = self.settings.llm_temperature if request.temperature is None else request.temperature
         return ChatTurn(build_messages(question, ranked.hits, history), system, max_tokens, temperature, ranked)
 
@@ -218,8 +234,10 @@ class RagService:
         """`chat.completion.chunk` bodies: the role, the text deltas, the finish (with the
         citations), and the usage when the client asked for it."""
         chat_id, start, parts = new_id(), time.perf_counter(), []
+        stream = self.stages.generate_stream(turn.messages, turn.system, turn.max_tokens, turn.temperature)
+        first = await anext(stream)  # the provider answered before the first chunk goes out
         yield chunk_body(chat_id, STREAM_MODEL, {"role": "assistant", "content": ""})
-        async for item in self.stages.generate_stream(turn.messages, turn.system, turn.max_tokens, turn.temperature):
+        async for item in prepend(first, stream):
             if isinstance(item, str):
                 parts.append(item)
                 yield chunk_body(chat_id, STREAM_MODEL, {"content": item})

@@ -2,8 +2,8 @@
 
 A replica is bound to shard number `shard` of an index directory. Each call names the version it
 belongs to, so a request that started on one version finishes on it while newer requests use the
-next: versions are loaded on first use (one load at a time per version) and the newest
-`keep_versions` stay loaded. A version dropped from the cache stays alive for calls still using
+next: versions are loaded on first use (one load at a time per version) and the
+`keep_versions` most recently used stay loaded. A version dropped from the cache stays alive for calls still using
 it (its files are memory-mapped, so a pruned version remains readable until then).
 """
 
@@ -47,20 +47,24 @@ class ShardServer:
         return shard
 
     def _remember(self, version: str, shard: IndexShard | None) -> None:
+        """Keep `version`; forget the least recently used others beyond `keep_versions`."""
         self._loaded[version] = shard
+        self._loaded.move_to_end(version)
         while len(self._loaded) > self.keep_versions:
-            oldest = min(self._loaded)  # version ids sort by publication time
-            del self._loaded[oldest]
-            self._locks.pop(oldest, None)
+            dropped, _ = self._loaded.popitem(last=False)
+            self._locks.pop(dropped, None)
 
     async def version(self, version: str) -> IndexShard | None:
         if version in self._loaded:
+            self._loaded.move_to_end(version)
             return self._loaded[version]
         lock = self._locks.setdefault(version, asyncio.Lock())
         async with lock:
-            if version not in self._loaded:
-                self._remember(version, await asyncio.to_thread(self._load, version))
-        return self._loaded.get(version)
+            if version in self._loaded:
+                return self._loaded[version]
+            shard = await asyncio.to_thread(self._load, version)
+            self._remember(version, shard)
+            return shard
 
     async def search(self, version: str, inputs: Any, k: int) -> ShardResults:
         shard = await self.version(version)

@@ -105,3 +105,52 @@ def test_query_sessions_carry_the_conversation(server):
         assert second["usage"]["input_tokens"] > alone["usage"]["input_tokens"] + len(first["answer"].split()) - 1
         bad = c.post("/v1/query", json={"question": "x", "session_id": "bad id"})
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "session_id"
+
+
+def test_sessions_are_kept_per_api_key(tmp_path, embedder):
+    settings = load_settings(api_keys="key-a,key-b", llm_providers="extractive")
+    index = tmp_path / "index"
+    build_index(DOCS, index, settings, embedder)
+    from fastapi.testclient import TestClient
+
+    from llmframe_ray.index.versions import IndexDirectory
+
+    stages = LocalStages(index, Pipeline.open(index, settings, embedder), IndexDirectory(index).current_version())
+    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    with TestClient(app) as c:
+        c.post("/v1/query", headers={"X-API-Key": "key-a"}, json={"question": "What drives the ocean tides?", "session_id": "shared"})
+        assert len(stages.sessions) == 1
+        other = c.post("/v1/query", headers={"X-API-Key": "key-b"}, json={"question": "And bread?", "session_id": "shared"}).json()
+        mine = c.post("/v1/query", headers={"X-API-Key": "key-a"}, json={"question": "And bread?", "session_id": "shared"}).json()
+    assert len(stages.sessions) == 2  # one per key, though the client's id is the same
+    assert mine["usage"]["input_tokens"] > other["usage"]["input_tokens"]
+
+
+def test_provider_failures_are_502_without_vendor_details(tmp_path, embedder):
+    from fastapi.testclient import TestClient
+
+    from llmframe_ray.generate.base import ProviderRequestError
+    from llmframe_ray.index.versions import IndexDirectory
+
+    class Refusing:
+        name, model = "openai", "gpt-test"
+
+        async def generate(self, *args, **kwargs):
+            raise ProviderRequestError("openai", "HTTP 400 request rejected: Incorrect API key provided: sk-proj-Ab****", status=400)
+
+        async def stream(self, *args, **kwargs):
+            raise ProviderRequestError("openai", "HTTP 400 request rejected: Incorrect API key provided: sk-proj-Ab****", status=400)
+            yield  # an async generator
+
+    settings = load_settings(api_secret_key=KEY)
+    index = tmp_path / "index"
+    build_index(DOCS, index, settings, embedder)
+    stages = LocalStages(index, Pipeline.open(index, settings, embedder), IndexDirectory(index).current_version(), provider=Refusing())
+    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    with TestClient(app) as c:
+        for body in ({"question": "tides?"}, {"question": "tides?", "stream": True}):
+            response = c.post("/v1/query", headers={"X-API-Key": KEY}, json=body)
+            assert response.status_code == 502
+            assert response.json()["error"] == {"type": "provider_error", "message": "no answer provider could answer; the server log has the details", "field": None}
+        chat = c.post("/v1/chat/completions", headers={"X-API-Key": KEY}, json={"messages": [{"role": "user", "content": "tides?"}], "stream": True})
+        assert chat.status_code == 502 and "sk-proj" not in chat.text

@@ -113,3 +113,12 @@ def test_search_mode_from_str():
     with pytest.raises(ValueError) as err:
         SearchMode.from_str("semantic")
     assert str(err.value) == "unknown search mode 'semantic'; valid search modes: bm25, dense, hybrid"
+
+
+def test_errors_never_echo_a_secret_setting(monkeypatch):
+    from llmframe_ray.config import load_settings
+    from llmframe_ray.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_settings(api_keys=["sekrit-key-1", "sekrit-key-2"])
+    assert "sekrit" not in str(err.value) and "API_KEYS" in str(err.value)

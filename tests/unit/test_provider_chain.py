@@ -102,3 +102,14 @@ def test_chain_from_settings():
         provider_names(load_settings(llm_providers="extractive,extractive"))
     built = provider_chain(load_settings(anthropic_api_key="a", openai_api_key=None, anthropic_model="claude-x"))
     assert [p.name for p in built.providers] == ["anthropic", "extractive"] and built.model == "claude-x"
+
+
+def test_a_refused_key_or_unknown_model_moves_to_the_next_vendor_without_retrying():
+    from llmframe_ray.generate.base import ProviderConfigError
+
+    for status in (401, 403, 404):
+        with FakeAnthropic() as claude, FakeOpenAI() as gpt:
+            claude.script.append(Fail(status, "invalid x-api-key"))
+            completion, trace = asyncio.run(chain(claude, gpt).generate_traced(QUESTION))
+            assert completion.provider == "openai" and len(claude.requests) == 1
+            assert trace[0].error.startswith(ProviderConfigError.__name__)

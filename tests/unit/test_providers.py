@@ -181,8 +181,7 @@ def test_a_stream_cut_before_any_delta_is_unavailable(vendor):
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-@pytest.mark.parametrize(("status", "kind"), [(400, "invalid_request_error"), (404, "not_found_error"),
-                                              (422, "invalid_request_error")])
+@pytest.mark.parametrize(("status", "kind"), [(400, "invalid_request_error"), (422, "invalid_request_error")])
 def test_4xx_is_a_request_error_never_retried(vendor, status, kind):
     error = fail_with(vendor, Fail(status, "messages: field required", error_type=kind))
     assert type(error) is ProviderRequestError
@@ -274,3 +273,14 @@ def test_bad_constructor_arguments_fail_at_construction(vendor):
         PROVIDERS[vendor](KEY, MODEL, timeout_s=0)
     with pytest.raises(ValueError, match="model must be a non-empty model name"):
         PROVIDERS[vendor](KEY, "")
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize(("status", "kind"), [(401, "authentication_error"), (403, "permission_error"), (404, "not_found_error")])
+def test_refused_key_or_unknown_model_is_a_config_error(vendor, status, kind):
+    from llmframe_ray.generate.base import ProviderConfigError
+
+    error = fail_with(vendor, Fail(status, "invalid x-api-key", error_type=kind))
+    assert type(error) is ProviderConfigError
+    assert (error.status, error.retryable) == (status, False)
+    assert str(error) == f"{vendor}: HTTP {status} (check the key and model): ({kind}) invalid x-api-key"

@@ -1,0 +1,34 @@
+"""The per-shard version cache behind DenseShard / SparseShard (plain Python, no Ray)."""
+
+import asyncio
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.indexing import build_index
+from llmframe_ray.serve.shard_server import ShardServer
+from llmframe_ray.types import Document
+
+
+def test_an_older_version_asked_for_again_is_loaded_and_served(tmp_path, embedder):
+    settings = load_settings()
+    root = tmp_path / "index"
+    versions = []
+    for n in range(3):
+        docs = [Document(f"d{i}", text=f"a short note about {fruit}") for i, fruit in enumerate(["apple", "banana", "cherry", "damson"][: n + 2])]
+        versions.append(build_index(docs, root, settings, embedder))
+    server = ShardServer(str(root), 0, settings, keep_versions=2)
+    server.ranker = "bm25"
+    assert server.loaded_versions() == [versions[2]]
+
+    async def sizes():
+        out = []
+        for version in (versions[1], versions[0], versions[2], versions[0]):
+            shard = await server.version(version)
+            out.append(len(shard))
+        return out
+
+    assert asyncio.run(sizes()) == [3, 2, 4, 2]
+    assert server.loaded_versions() == [versions[2], versions[0]]  # the two most recently used
+    hits = asyncio.run(server.search(versions[0], ["banana"], 1))
+    assert hits[0][0][2] == "d1"
+    assert IndexDirectory(root).current_version() == versions[2]
