@@ -74,8 +74,11 @@ def build_app(args: AppArgs) -> Application:
     if unknown:
         raise ConfigError(f"unknown setting(s) {unknown} in the app's args.settings; names are Settings fields, e.g. reranker_model")
     settings = load_settings(**overrides)  # a bad setting fails here, before any replica starts
-    if args.reranker is not None:
-        overrides["reranker_enabled"] = args.reranker  # rerank by default exactly when deployed
+    use_reranker = settings.reranker_enabled if args.reranker is None else args.reranker
+    if "reranker_enabled" not in overrides:
+        overrides["reranker_enabled"] = use_reranker  # by default, rerank when a Reranker is deployed
+    elif overrides["reranker_enabled"] and not use_reranker:
+        raise ConfigError("settings.reranker_enabled is true but the app is built without a Reranker (reranker: false)")
     ApiKeys.from_settings(settings)
     root = Path(args.index_dir).expanduser().resolve()
     index = IndexDirectory(root)
@@ -100,7 +103,6 @@ def build_app(args: AppArgs) -> Application:
         for i in range(n_shards)
     ]
     retriever = deployment("Retriever").bind(encoder, dense, sparse, str(root), overrides)
-    use_reranker = settings.reranker_enabled if args.reranker is None else args.reranker
     reranker = deployment("Reranker").bind(overrides) if use_reranker else None
     generator = deployment("Generator").bind(overrides)
     sessions = deployment("Sessions").bind(overrides)

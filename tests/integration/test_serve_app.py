@@ -68,7 +68,7 @@ class App:
 @pytest.fixture(scope="module")
 def app(tmp_path_factory, model_dir, tiny_reranker_dir):
     overrides = {
-        "api_secret_key": KEY, "reranker_model": str(tiny_reranker_dir), "reranker_depth": 8,
+        "api_secret_key": KEY, "reranker_model": str(tiny_reranker_dir), "reranker_depth": 8, "reranker_enabled": False,
         "fusion_depth": 10, "index_watch_interval_s": 0.5,
     }
     index_dir = tmp_path_factory.mktemp("serve") / "index"

@@ -49,5 +49,7 @@ def test_builder_rejects_bad_args(tmp_path):
         build_app({"index_dir": str(tmp_path), "settings": {"api_secret_key": None, "api_keys": None}})
     with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['reranker_enabeld'\]"):
         build_app({"index_dir": str(tmp_path), "settings": {"api_secret_key": "k", "reranker_enabeld": True}})
+    with pytest.raises(ConfigError, match="reranker_enabled is true but the app is built without a Reranker"):
+        build_app({"index_dir": str(tmp_path), "reranker": False, "settings": {"api_secret_key": "k", "reranker_enabled": True}})
     with pytest.raises(Exception, match="unknown deployment"):
         build_app({"index_dir": str(tmp_path), "deployment_options": {"Rerankr": {}}})
