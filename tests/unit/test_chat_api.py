@@ -154,3 +154,35 @@ def test_provider_failures_are_502_without_vendor_details(tmp_path, embedder):
             assert response.json()["error"] == {"type": "provider_error", "message": "no answer provider could answer; the server log has the details", "field": None}
         chat = c.post("/v1/chat/completions", headers={"X-API-Key": KEY}, json={"messages": [{"role": "user", "content": "tides?"}], "stream": True})
         assert chat.status_code == 502 and "sk-proj" not in chat.text
+
+
+def test_a_follow_up_is_sent_with_the_earlier_turn(tmp_path, embedder):
+    from fastapi.testclient import TestClient
+
+    from llmframe_ray.generate.base import Completion, Usage
+    from llmframe_ray.index.versions import IndexDirectory
+
+    class Recording:
+        name, model = "recording", "rec-1"
+
+        def __init__(self):
+            self.calls = []
+
+        async def generate(self, messages, *, system=None, max_tokens=1024, temperature=0.0):
+            self.calls.append(list(messages))
+            return Completion(f"answer {len(self.calls)} [1]", Usage(10, 3), self.model, self.name, "stop")
+
+    settings = load_settings(api_secret_key=KEY)
+    index = tmp_path / "index"
+    build_index(DOCS, index, settings, embedder)
+    provider = Recording()
+    stages = LocalStages(index, Pipeline.open(index, settings, embedder), IndexDirectory(index).current_version(), provider=provider)
+    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    with TestClient(app) as c:
+        first = c.post("/v1/query", headers={"X-API-Key": KEY}, json={"question": "What drives the tides?", "session_id": "t"}).json()
+        c.post("/v1/query", headers={"X-API-Key": KEY}, json={"question": "And bread?", "session_id": "t"})
+    assert first["answer"] == "answer 1 [1]" and first["citations"][0]["n"] == 1 and first["usage"]["cost_usd"] is None
+    follow_up = provider.calls[1]
+    assert [(m.role, m.content) for m in follow_up[:2]] == [("user", "What drives the tides?"), ("assistant", "answer 1 [1]")]
+    assert follow_up[2].role == "user" and follow_up[2].content.endswith("Question: And bread?")
+    assert len(provider.calls[0]) == 1
