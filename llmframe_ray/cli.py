@@ -247,30 +247,9 @@ def serve_command(
     Uses RAY_ADDRESS when set, else starts a local Ray with this machine's CPUs; runs until
     interrupted (Ctrl-C or SIGTERM), then shuts the app down.
     """
-    import signal
+    from llmframe_ray.serve.run import serve_until_stopped
 
-    from ray import serve
-
-    from llmframe_ray.batch.job import ray_session
-    from llmframe_ray.serve.app import AppArgs, build_app
-
-    settings = _settings()
-    application = build_app(AppArgs(index_dir=str(index), reranker=reranker))
-    stop = []
-    with ray_session(settings):
-        for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
-            signal.signal(sig, lambda number, frame: stop.append(number))
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(application, name="llmframe", route_prefix="/")
-        url = f"http://{host}:{port}"
-        typer.echo(f"serving {index} at {url} (OpenAPI docs: {url}/docs); try:")
-        typer.echo(
-            f"  curl -s {url}/v1/search -H \"X-API-Key: $API_SECRET_KEY\" "
-            "-H 'Content-Type: application/json' -d '{\"query\": \"your question\", \"top_k\": 5}'"
-        )
-        while not stop:
-            signal.pause()
-        serve.shutdown()
+    serve_until_stopped(index, host, port, reranker, _settings(), typer.echo)
 
 
 def main() -> None:

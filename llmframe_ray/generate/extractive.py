@@ -35,6 +35,7 @@ from typing import Iterator, Sequence
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
 
+from llmframe_ray.generate.prompts import snippet_of
 from llmframe_ray.types import Answer, Citation, Hit
 
 PREAMBLE = (
@@ -46,13 +47,11 @@ NO_MATCH_PREAMBLE = (
     "question's terms; the best-ranked passage begins:\n\n"
 )
 NO_CONTEXT_TEXT = "No relevant passages were found in the index for this question."
-ELLIPSIS = "…"
 
 # A sentence ends after . ? or ! plus any closing quotes/brackets, when whitespace follows;
 # a newline always ends one.
 _SENTENCE_END = re.compile(r"[.?!][\"'”’»)\]}]*(?=\s)|\n")
 _WORD = re.compile(r"\w+")
-_SPACE = re.compile(r"\s")
 _STOPWORDS = frozenset(STOPWORDS_EN)
 
 
@@ -204,12 +203,4 @@ class ExtractiveAnswerer:
         ]
 
     def _snippet(self, text: str) -> str:
-        limit = self.snippet_chars
-        if len(text) <= limit:
-            return text
-        cut = text[:limit]
-        if not text[limit].isspace():
-            boundary = max((m.start() for m in _SPACE.finditer(cut)), default=0)
-            if boundary > 0:
-                cut = cut[:boundary]
-        return cut.rstrip() + ELLIPSIS
+        return snippet_of(text, self.snippet_chars)
