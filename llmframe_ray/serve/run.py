@@ -26,8 +26,8 @@ def serve_until_stopped(
         url = f"http://{host}:{port}"
         say(f"serving {index} at {url} (OpenAPI docs: {url}/docs); try:")
         say(
-            f"  curl -s {url}/v1/search -H \\"X-API-Key: $API_SECRET_KEY\\" "
-            "-H 'Content-Type: application/json' -d '{\\"query\\": \\"your question\\", \\"top_k\\": 5}'"
+            f'  curl -s {url}/v1/search -H "X-API-Key: $API_SECRET_KEY" '
+            """-H 'Content-Type: application/json' -d '{"query": "your question", "top_k": 5}'"""
         )
         while not stop:
             signal.pause()
