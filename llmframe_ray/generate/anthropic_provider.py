@@ -22,6 +22,7 @@ import anthropic
 
 from llmframe_ray.generate.base import (
     Completion, Message, ProviderError, ProviderUnavailableError, StreamEnd, StreamInterruptedError, Usage,
+    check_provider_args,
 )
 from llmframe_ray.generate.sdk_errors import ErrorMapper
 
@@ -32,10 +33,7 @@ class AnthropicProvider:
     name = "anthropic"
 
     def __init__(self, api_key: str, model: str, *, base_url: str | None = None, timeout_s: float = 30.0) -> None:
-        if not model:
-            raise ValueError("model must be a non-empty model name")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        check_provider_args(model, timeout_s)
         self.model = model
         self._client = anthropic.AsyncAnthropic(
             api_key=api_key, base_url=base_url, timeout=timeout_s, max_retries=0

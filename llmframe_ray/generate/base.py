@@ -82,6 +82,14 @@ class Provider(Protocol):
     ) -> Completion: ...
 
 
+def check_provider_args(model: str, timeout_s: float) -> None:
+    """What every vendor provider checks when it is built."""
+    if not model:
+        raise ValueError("model must be a non-empty model name")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+
+
 class ProviderError(LLMFrameError):
     """A provider call failed. `retryable`: the same call may succeed later or elsewhere."""
 
