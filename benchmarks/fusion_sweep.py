@@ -23,9 +23,9 @@ from llmframe_ray.config import load_settings  # noqa: E402
 from llmframe_ray.eval.beir import load_beir  # noqa: E402
 from llmframe_ray.eval.runner import cached_index, run_mode  # noqa: E402
 from llmframe_ray.eval.trec import score_run, write_run  # noqa: E402
-from llmframe_ray.indexing import stderr_progress  # noqa: E402
+from llmframe_ray.ingest.build import stderr_progress  # noqa: E402
 from llmframe_ray.models.embedder import load_embedder  # noqa: E402
-from llmframe_ray.pipeline import Pipeline  # noqa: E402
+from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion  # noqa: E402
 from llmframe_ray.types import RankedList, SearchMode  # noqa: E402
 
@@ -42,10 +42,12 @@ def main() -> None:
     args = parser.parse_args()
 
     settings = load_settings()
-    embedder = load_embedder(settings)
+    params = settings.params()
+    embedder = load_embedder(params.embedder)
     dataset = load_beir(args.dataset, args.split)
     # the index covers the corpus only, so the split does not change the cache key
-    pipeline = Pipeline.open(cached_index(dataset, settings, embedder, stderr_progress()), settings, embedder)
+    root = cached_index(dataset, params.index, embedder, params.indexes_dir, stderr_progress())
+    pipeline = Pipeline.open(root, embedder, params.retrieval)
     lists = {mode: run_mode(pipeline, dataset, mode, MAX_DEPTH) for mode in (SearchMode.BM25, SearchMode.DENSE)}
     out = Path(tempfile.mkdtemp(prefix="fusion-sweep-"))
 

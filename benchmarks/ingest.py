@@ -36,7 +36,7 @@ import psutil  # noqa: E402
 from llmframe_ray.batch.job import ingest  # noqa: E402
 from llmframe_ray.config import load_settings  # noqa: E402
 from llmframe_ray.ingest.readers import read_jsonl  # noqa: E402
-from llmframe_ray.indexing import chunk_documents, make_chunker  # noqa: E402
+from llmframe_ray.ingest.build import chunk_documents, make_chunker  # noqa: E402
 from llmframe_ray.models.embedder import load_embedder  # noqa: E402
 
 
@@ -99,8 +99,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "corpus.jsonl"
     write_corpus(corpus, args.docs, args.words)
-    embedder = load_embedder(settings)
-    chunks = chunk_documents(read_jsonl(corpus), make_chunker(settings, embedder))
+    params = settings.params()
+    embedder = load_embedder(params.embedder)
+    chunks = chunk_documents(read_jsonl(corpus), make_chunker(params.index, embedder))
     texts = [c.indexed_text for c in chunks]
     print(f"corpus: {args.docs} documents, {len(chunks)} chunks, {args.words} words each; "
           f"{os.cpu_count()} cores, {settings.threads} ONNX threads", flush=True)
@@ -116,7 +117,7 @@ def main() -> None:
         shutil.rmtree(index, ignore_errors=True)
         with PeakMemory() as memory:
             started = time.perf_counter()
-            result = ingest([corpus], index, settings, shards=args.shards, log=lambda line: None)
+            result = ingest([corpus], index, params, shards=args.shards, log=lambda line: None)
             seconds = time.perf_counter() - started
         job.append(result.chunks_embedded / seconds)
         stages.append(result.seconds)

@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 from llmframe_ray.config import load_settings  # noqa: E402
 from llmframe_ray.eval.beir import load_beir  # noqa: E402
 from llmframe_ray.eval.runner import cached_index  # noqa: E402
-from llmframe_ray.indexing import stderr_progress  # noqa: E402
+from llmframe_ray.ingest.build import stderr_progress  # noqa: E402
 from llmframe_ray.models.embedder import load_embedder  # noqa: E402
 from llmframe_ray.models.export import bundled_minilm_path  # noqa: E402
-from llmframe_ray.pipeline import Pipeline  # noqa: E402
+from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
 from llmframe_ray.types import SearchMode  # noqa: E402
 
 
@@ -97,8 +97,10 @@ def main() -> None:
 
     settings = load_settings()
     dataset = load_beir(args.dataset)
-    embedder = load_embedder(settings)
-    pipeline = Pipeline.open(cached_index(dataset, settings, embedder, stderr_progress()), settings, embedder)
+    params = settings.params()
+    embedder = load_embedder(params.embedder)
+    root = cached_index(dataset, params.index, embedder, params.indexes_dir, stderr_progress())
+    pipeline = Pipeline.open(root, embedder, params.retrieval)
     queries = list(dataset.queries.values())
     for mode in SearchMode:  # warm up every path once
         pipeline.search_batch(queries[:8], mode, args.top_k)

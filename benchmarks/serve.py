@@ -105,7 +105,7 @@ def http_sender(client: httpx.AsyncClient, url: str, key: str, top_k: int, mode:
 
 
 def local_sender(service: Any, top_k: int, mode: str) -> Send:
-    from llmframe_ray.serve.schemas import SearchRequest
+    from llmframe_ray.api.schemas import SearchRequest
 
     search_mode, rerank = MODES[mode]
 
@@ -311,13 +311,16 @@ def served_index(args: argparse.Namespace) -> str:
 
 def inprocess_service(args: argparse.Namespace) -> tuple[Any, str]:
     from llmframe_ray.models.sources import load_reranker
-    from llmframe_ray.serve.local import LocalStages
-    from llmframe_ray.serve.service import RagService
+    from llmframe_ray.api.local import LocalStages
+    from llmframe_ray.api.service import RagService
 
     settings = load_settings(reranker_model=str(args.reranker))
-    reranker = load_reranker(settings) if any(MODES[m][1] for m in args.modes) else None
-    stages = LocalStages.open(Path(args.index), settings, reranker)
-    return RagService(stages, settings), f"{args.index} version {stages.version}, {settings.threads} ONNX threads"
+    params = settings.params()
+    reranker = load_reranker(params.reranker_model) if any(MODES[m][1] for m in args.modes) else None
+    stages = LocalStages.open(
+        Path(args.index), params.embedder, params.retrieval, params.providers, params.sessions, reranker
+    )
+    return RagService(stages, params.service), f"{args.index} version {stages.version}, {settings.threads} ONNX threads"
 
 
 def client_counts(text: str) -> list[int]:

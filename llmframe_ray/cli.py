@@ -32,19 +32,19 @@ def index_build(
     index: Path = typer.Option(..., "--index", help="Index directory (versions are kept inside)."),
 ) -> None:
     """Read, chunk, embed and index documents in this process; publish a new version."""
-    from llmframe_ray.indexing import build_index, stderr_progress
+    from llmframe_ray.ingest.build import build_index, stderr_progress
     from llmframe_ray.ingest.readers import iter_documents
     from llmframe_ray.models.embedder import load_embedder
 
-    settings = _settings()
+    params = _settings().params()
     skipped: list = []
     documents = list(iter_documents(sources, errors=skipped))
     for error in skipped:
         typer.echo(f"skipped {error}", err=True)
     if not documents:
         _fail("no readable documents in the given sources")
-    embedder = load_embedder(settings)
-    version = build_index(documents, index, settings, embedder, stderr_progress())
+    embedder = load_embedder(params.embedder)
+    version = build_index(documents, index, params.index, embedder, stderr_progress())
     typer.echo(f"published version {version} of {index}: {len(documents)} documents")
     if skipped:
         raise typer.Exit(1)
@@ -57,6 +57,7 @@ def index_info(
     """Print the versions, shards, document and chunk counts, model and parameters."""
     import json
 
+    from llmframe_ray.index.manifest import thaw
     from llmframe_ray.index.versions import IndexDirectory
 
     directory = IndexDirectory(index)
@@ -80,9 +81,7 @@ def index_info(
         typer.echo(f"  shard {shard_id}: empty")
     manifest = loaded.shards[0].manifest
     typer.echo("model: " + json.dumps(dict(manifest.model), sort_keys=True))
-    from llmframe_ray.index.manifest import _thaw
-
-    typer.echo("parameters: " + json.dumps(_thaw(manifest.parameters), sort_keys=True))
+    typer.echo("parameters: " + json.dumps(thaw(manifest.parameters), sort_keys=True))
     corpus = loaded.shards[0].sparse.corpus
     if corpus is not None:
         typer.echo(f"bm25 corpus statistics: {corpus['n_docs']} chunks, {corpus['n_tokens']} terms (shared by every shard)")
@@ -107,9 +106,9 @@ def ingest(
     from llmframe_ray.errors import ConfigError, DocumentReadError
     from llmframe_ray.index.versions import IndexBusyError
 
-    settings = _settings()
+    params = _settings().params()
     try:
-        result = run_ingest(sources or [], index, settings, shards=shards, deletes=delete or [],
+        result = run_ingest(sources or [], index, params, shards=shards, deletes=delete or [],
                             log=lambda line: typer.echo(line, err=True))
     except (PlanError, DocumentReadError, IndexBusyError, ConfigError):
         raise  # bad arguments or input: exit 2 (main)
@@ -128,7 +127,7 @@ def index_sample(
     out: Path = typer.Argument(..., help="Folder to write the sample corpus into."),
 ) -> None:
     """Write the bundled sample corpus (the standard library's docstrings) as Markdown files."""
-    from llmframe_ray.samples import write_stdlib_corpus
+    from llmframe_ray.ingest.samples import write_stdlib_corpus
 
     paths = write_stdlib_corpus(out)
     typer.echo(f"wrote {len(paths)} documents to {out}")
@@ -147,16 +146,16 @@ def search(
     """Search an index and print the hits."""
     from llmframe_ray.models.embedder import load_embedder
     from llmframe_ray.models.sources import load_reranker
-    from llmframe_ray.pipeline import Pipeline
+    from llmframe_ray.retrieve.pipeline import Pipeline
     from llmframe_ray.types import SearchMode
 
-    settings = _settings()
+    params = _settings().params()
     search_mode = None if mode is None else SearchMode.from_str(mode)
     needs_model = search_mode is not SearchMode.BM25
-    embedder = load_embedder(settings) if needs_model else None
-    use_reranker = settings.reranker_enabled if rerank is None else rerank
-    encoder = load_reranker(settings, reranker) if use_reranker else None
-    pipeline = Pipeline.open(index, settings, embedder, encoder)
+    embedder = load_embedder(params.embedder) if needs_model else None
+    use_reranker = params.rerank.enabled if rerank is None else rerank
+    encoder = load_reranker(params.reranker_model, reranker) if use_reranker else None
+    pipeline = Pipeline.open(index, embedder, params.retrieval, encoder, params.rerank)
     hits = pipeline.search(query, search_mode, top_k, level, rerank=use_reranker)
     used = (search_mode or pipeline.default_mode).value
     typer.echo(f"{len(hits)} hits for {query!r} (mode {used}):")
@@ -182,22 +181,25 @@ def eval_command(
     from llmframe_ray.config import load_settings
     from llmframe_ray.eval.beir import load_beir
     from llmframe_ray.eval.runner import EvalMode, cached_index, check_reranker_data, evaluate, format_table
-    from llmframe_ray.indexing import stderr_progress
+    from llmframe_ray.ingest.build import stderr_progress
     from llmframe_ray.models.embedder import load_embedder
     from llmframe_ray.models.sources import load_reranker
-    from llmframe_ray.pipeline import Pipeline
+    from llmframe_ray.retrieve.pipeline import Pipeline
 
     modes = [EvalMode.from_str(m) for m in mode]
     overrides = {} if rerank_depth is None else {"reranker_depth": rerank_depth}
-    settings = load_settings(**overrides)
+    params = load_settings(**overrides).params()
     data = load_beir(dataset, split)
     encoder = None
     if EvalMode.RERANK in modes or EvalMode.RERANK_CE in modes:
-        encoder = load_reranker(settings, reranker, precision)
+        encoder = load_reranker(params.reranker_model, reranker, precision)
         check_reranker_data(encoder.card, data)
-    embedder = load_embedder(settings)
-    root = index if index is not None else cached_index(data, settings, embedder, stderr_progress())
-    pipeline = Pipeline.open(root, settings, embedder, encoder)
+    embedder = load_embedder(params.embedder)
+    if index is not None:
+        root = index
+    else:
+        root = cached_index(data, params.index, embedder, params.indexes_dir, stderr_progress())
+    pipeline = Pipeline.open(root, embedder, params.retrieval, encoder, params.rerank)
     indexed = sum(int(s.manifest.counts["documents"]) for s in pipeline.shards)
     if index is not None and indexed != len(data.corpus):
         typer.echo(f"warning: {index} holds {indexed} documents; the {data.name} corpus has {len(data.corpus)}", err=True)
@@ -205,7 +207,7 @@ def eval_command(
     typer.echo(format_table(data, reports))
     if encoder is not None:
         typer.echo(f"reranker: {encoder.model_dir} ({encoder.precision.value}, depth "
-                   f"{settings.reranker_depth}, max length {encoder.max_length})")
+                   f"{params.rerank.depth}, max length {encoder.max_length})")
 
 
 @app.command("train-reranker")
@@ -224,11 +226,16 @@ def train_reranker_command(
     from llmframe_ray.train.run import train_reranker
 
     settings = _settings()
+    params = settings.params()
     config = TrainConfig(
         epochs=epochs, seed=seed, negatives=negatives, max_length=max_length,
         threads=settings.threads, max_steps=max_steps,
     )
-    card = train_reranker(dataset, split, out, config, settings, lambda line: typer.echo(line, err=True))
+    card = train_reranker(
+        dataset, split, out, config, lambda line: typer.echo(line, err=True),
+        embedder=params.embedder, index=params.index, indexes_dir=params.indexes_dir,
+        retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k,
+    )
     typer.echo(f"wrote {out}: {card['steps']} steps, {card['data']['groups']} groups")
     for name, figures in (card.get("validation") or {}).items():
         if isinstance(figures, dict):
@@ -249,7 +256,7 @@ def serve_command(
     """
     from llmframe_ray.serve.run import serve_until_stopped
 
-    serve_until_stopped(index, host, port, reranker, _settings(), typer.echo)
+    serve_until_stopped(index, host, port, reranker, _settings().threads, typer.echo)
 
 
 def main() -> None:

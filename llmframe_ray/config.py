@@ -1,6 +1,9 @@
-"""One typed configuration, read from environment variables and validated at start.
+"""One typed configuration, read from environment variables, validated at start, and resolved
+once into the small frozen parameter objects that each stage takes (`Settings.params()`).
 
-Every setting is read from `LLMFRAME_<NAME>`. The seed project's switches
+Core modules never import this one: they define their own parameter classes, and only the
+entry points (the CLI, the Serve app builder, the job entry point) read settings. Every setting
+is read from `LLMFRAME_<NAME>`. The seed project's switches
 (`HYBRID_SEARCH_ENABLED`, `RERANKER_ENABLED`, `EMBEDDING_PROVIDER`, `CHUNK_SIZE`,
 `CHUNK_OVERLAP`, and the providers' usual key variables) are accepted without the prefix too;
 the prefixed name wins when both are set.
@@ -8,28 +11,32 @@ the prefixed name wins when both are set.
 
 from __future__ import annotations
 
-import enum
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from llmframe_ray.api.params import ApiLimits, GenerationParams, ServiceParams
 from llmframe_ray.errors import ConfigError
+from llmframe_ray.generate.chain import ProviderParams
+from llmframe_ray.generate.costs import DEFAULT_PRICES
+from llmframe_ray.generate.sessions import SessionParams
+from llmframe_ray.index.dense import DenseIndexKind, DenseParams
+from llmframe_ray.index.params import ChunkingParams, IndexParams
+from llmframe_ray.index.sparse import SparseParams
+from llmframe_ray.models.cross_encoder import Precision
+from llmframe_ray.models.embedder import EmbedderParams, EmbeddingProvider, OpenAIEmbeddingParams
+from llmframe_ray.models.runtime import available_threads
+from llmframe_ray.models.sources import RerankerModelParams
+from llmframe_ray.retrieve.params import RetrievalParams
+from llmframe_ray.retrieve.plan import BM25, DENSE, FusionParams
+from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
+from llmframe_ray.types import SearchMode
 
 ENV_PREFIX = "LLMFRAME_"
-
-
-class EmbeddingProvider(str, enum.Enum):
-    LOCAL = "local"
-    OPENAI = "openai"
-
-
-class DenseIndexKind(str, enum.Enum):
-    FLAT = "flat"
-    HNSW = "hnsw"
-    IVF = "ivf"
 
 
 def _default_home() -> Path:
@@ -112,16 +119,13 @@ class Settings(BaseSettings):
     )
     reranker_revision: str | None = Field(None, validation_alias=_env("RERANKER_REVISION"))
     reranker_onnx_file: str | None = Field(None, validation_alias=_env("RERANKER_ONNX_FILE"))
-    reranker_precision: str = Field("fp32", pattern="^(fp32|int8)$", validation_alias=_env("RERANKER_PRECISION"))
+    reranker_precision: Precision = Field(Precision.FP32, validation_alias=_env("RERANKER_PRECISION"))
     reranker_depth: int = Field(50, ge=1, le=1000, validation_alias=_env("RERANKER_DEPTH"))
     reranker_batch_size: int = Field(32, ge=1, le=1024, validation_alias=_env("RERANKER_BATCH_SIZE"))
     reranker_max_length: int | None = Field(None, ge=8, le=512, validation_alias=_env("RERANKER_MAX_LENGTH"))
-    reranker_fusion: str = Field("rrf", pattern="^(rrf|none)$", validation_alias=_env("RERANKER_FUSION"))
-
-    @property
-    def reranker_fusion_k(self) -> int | None:
-        """RRF k for fusing the cross-encoder's order with the first stage's (None: replace it)."""
-        return self.rrf_k if self.reranker_fusion == "rrf" else None
+    reranker_fusion: RerankFusion = Field(RerankFusion.RRF, validation_alias=_env("RERANKER_FUSION"))
+    # RRF k of the cross-encoder's order with the first stage's; chosen on SciFact train (README)
+    reranker_rrf_k: int = Field(20, ge=0, validation_alias=_env("RERANKER_RRF_K"))
 
     # Ingestion job (Ray Data)
     ingest_batch_size: int = Field(256, ge=1, le=65536, validation_alias=_env("INGEST_BATCH_SIZE"))
@@ -159,11 +163,7 @@ class Settings(BaseSettings):
     llm_max_tokens: int = Field(1024, ge=1, le=65536, validation_alias=_env("LLM_MAX_TOKENS"))
     llm_temperature: float = Field(0.0, ge=0, le=2, validation_alias=_env("LLM_TEMPERATURE"))
     # USD per million tokens, input and output, by model: JSON {"model": [in, out], ...}
-    llm_prices: str = Field(
-        '{"claude-sonnet-4-5": [3.0, 15.0], "claude-haiku-4-5": [1.0, 5.0], '
-        '"gpt-4o-mini": [0.15, 0.6], "gpt-4o": [2.5, 10.0], "extractive-v1": [0.0, 0.0]}',
-        validation_alias=_env("LLM_PRICES"),
-    )
+    llm_prices: str = Field(DEFAULT_PRICES, validation_alias=_env("LLM_PRICES"))
     session_token_budget: int = Field(2000, ge=0, le=1_000_000, validation_alias=_env("SESSION_TOKEN_BUDGET"))
     session_max: int = Field(10000, ge=1, le=10_000_000, validation_alias=_env("SESSION_MAX"))
 
@@ -190,9 +190,7 @@ class Settings(BaseSettings):
                 f"CHUNK_OVERLAP ({self.chunk_overlap}) must be less than half of CHUNK_SIZE "
                 f"({self.chunk_size}) minus {special} special tokens"
             )
-        from llmframe_ray.index.sparse import SparseParams
-
-        SparseParams.from_settings(self)  # unknown stemmer or stop-word list: fail now
+        self.sparse_params()  # unknown stemmer or stop-word list: fail now
         if self.embedding_provider is EmbeddingProvider.LOCAL and self.chunk_size > self.embedding_max_length:
             raise ValueError(
                 f"CHUNK_SIZE ({self.chunk_size}) exceeds the local embedder's limit "
@@ -205,9 +203,7 @@ class Settings(BaseSettings):
     @property
     def threads(self) -> int:
         """ONNX Runtime / BLAS threads for this process: the setting, else every core."""
-        if self.num_threads is not None:
-            return self.num_threads
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        return available_threads(self.num_threads)
 
     @property
     def models_dir(self) -> Path:
@@ -216,6 +212,114 @@ class Settings(BaseSettings):
     @property
     def indexes_dir(self) -> Path:
         return self.home / "indexes"
+
+
+    # Resolution into the parameter objects each stage takes (see Params).
+    def sparse_params(self) -> SparseParams:
+        return SparseParams(k1=self.bm25_k1, b=self.bm25_b, stemmer=self.bm25_stemmer, stopwords=self.bm25_stopwords)
+
+    def params(self) -> Params:
+        """Every stage's parameters, resolved once from these settings."""
+        openai = None
+        if self.embedding_provider is EmbeddingProvider.OPENAI:
+            openai = OpenAIEmbeddingParams(
+                model=self.openai_embedding_model, api_key=self.openai_api_key,
+                dimensions=self.openai_embedding_dimensions, base_url=self.openai_base_url,
+                timeout_s=self.openai_timeout_s,
+            )
+        rerank = RerankParams(
+            enabled=self.reranker_enabled, depth=self.reranker_depth, fusion=self.reranker_fusion,
+            rrf_k=self.reranker_rrf_k,
+        )
+        default_mode = SearchMode.HYBRID if self.hybrid_search_enabled else SearchMode.DENSE
+        return Params(
+            embedder=EmbedderParams(
+                provider=self.embedding_provider, models_dir=self.models_dir,
+                max_length=self.embedding_max_length, batch_size=self.embedding_batch_size,
+                threads=self.num_threads, openai=openai,
+            ),
+            index=IndexParams(
+                chunking=ChunkingParams(chunk_size=self.chunk_size, chunk_overlap=self.chunk_overlap),
+                dense=DenseParams(
+                    kind=self.dense_index, hnsw_m=self.hnsw_m, hnsw_ef_construction=self.hnsw_ef_construction,
+                    hnsw_ef_search=self.hnsw_ef_search, ivf_nlist=self.ivf_nlist, ivf_nprobe=self.ivf_nprobe,
+                ),
+                sparse=self.sparse_params(),
+            ),
+            retrieval=RetrievalParams(
+                default_mode=default_mode,
+                fusion=FusionParams(
+                    rrf_k=self.rrf_k, weights={BM25: self.bm25_weight, DENSE: self.dense_weight},
+                    fusion_depth=self.fusion_depth,
+                ),
+                hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe,
+            ),
+            rerank=rerank,
+            reranker_model=RerankerModelParams(
+                model=self.reranker_model, models_dir=self.models_dir, revision=self.reranker_revision,
+                onnx_file=self.reranker_onnx_file, precision=self.reranker_precision,
+                batch_size=self.reranker_batch_size, max_length=self.reranker_max_length,
+                threads=self.num_threads,
+            ),
+            service=ServiceParams(
+                default_mode=default_mode,
+                limits=ApiLimits(
+                    max_request_bytes=self.max_request_bytes, max_query_chars=self.max_query_chars,
+                    max_top_k=self.max_top_k,
+                ),
+                rerank=rerank,
+                generation=GenerationParams(
+                    max_tokens=self.llm_max_tokens, temperature=self.llm_temperature, prices=self.llm_prices,
+                ),
+                session_token_budget=self.session_token_budget,
+            ),
+            providers=ProviderParams(
+                providers=self.llm_providers, anthropic_api_key=self.anthropic_api_key,
+                anthropic_base_url=self.anthropic_base_url, anthropic_model=self.anthropic_model,
+                openai_api_key=self.openai_api_key, openai_base_url=self.openai_base_url,
+                openai_model=self.openai_chat_model, timeout_s=self.llm_timeout_s,
+                max_attempts=self.llm_max_attempts, backoff_s=self.llm_backoff_s,
+                backoff_max_s=self.llm_backoff_max_s, circuit_failures=self.llm_circuit_failures,
+                circuit_cooldown_s=self.llm_circuit_cooldown_s,
+            ),
+            sessions=SessionParams(token_budget=self.session_token_budget, max_sessions=self.session_max),
+            ingest=IngestParams(
+                batch_size=self.ingest_batch_size, cpus_per_actor=self.ingest_cpus_per_actor,
+                embed_actors=self.ingest_embed_actors, retention=self.index_retention,
+                local_cpus=self.threads,
+            ),
+            index_watch_interval_s=self.index_watch_interval_s,
+            indexes_dir=self.indexes_dir,
+        )
+
+
+@dataclass(frozen=True)
+class IngestParams:
+    """The ingestion job's own knobs (Ray Data batch size and actors, versions kept)."""
+
+    batch_size: int = 256
+    cpus_per_actor: int = 2
+    embed_actors: int | None = None
+    retention: int = 3
+    local_cpus: int = 1  # CPUs of the local Ray started when RAY_ADDRESS is not set
+
+
+@dataclass(frozen=True)
+class Params:
+    """Every stage's parameters. Hand a stage (a Ray task, actor or replica) only its own: no
+    secret travels to a stage that does not use it."""
+
+    embedder: EmbedderParams
+    index: IndexParams
+    retrieval: RetrievalParams
+    rerank: RerankParams
+    reranker_model: RerankerModelParams
+    service: ServiceParams
+    providers: ProviderParams
+    sessions: SessionParams
+    ingest: IngestParams
+    index_watch_interval_s: float
+    indexes_dir: Path
 
 
 def _env_names(field: str) -> list[str]:

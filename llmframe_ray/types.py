@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Mapping, TypeVar
@@ -35,6 +36,12 @@ def parse_enum(cls: type[E], value: object, what: str) -> E:
     except ValueError:
         valid = ", ".join(str(m.value) for m in cls)
         raise ValueError(f"unknown {what} {value!r}; valid {what}s: {valid}") from None
+
+
+def passage_text(title: str, text: str) -> str:
+    """What every ranker reads for a chunk (BM25, the embedder, the cross-encoder at training
+    and at serving time): the document title, when there is one, a newline, the chunk text."""
+    return f"{title}\n{text}" if title else text
 
 
 class SearchMode(str, enum.Enum):
@@ -82,8 +89,18 @@ class Chunk:
 
     @property
     def indexed_text(self) -> str:
-        """What the rankers see: the document title (when any) followed by the chunk text."""
-        return f"{self.title}\n{self.text}" if self.title else self.text
+        """What the rankers and the reranker see (`passage_text`)."""
+        return passage_text(self.title, self.text)
+
+    def to_json(self) -> str:
+        """The chunk as one compact JSON object (every field): stored, staged and fingerprinted
+        in this form."""
+        record = {f.name: getattr(self, f.name) for f in fields(self)}
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Chunk:
+        return cls(**json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -128,6 +145,11 @@ class Hit(_Reducible):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", _frozen_mapping(self.ranks))
+
+    @property
+    def passage(self) -> str:
+        """What the cross-encoder reads for this hit (`passage_text`)."""
+        return passage_text(self.title, self.text)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from llmframe_ray.config import Settings
-from llmframe_ray.index.dense import DenseParams
+from llmframe_ray.index.params import IndexParams
 from llmframe_ray.index.shard import IndexShard
-from llmframe_ray.index.sparse import CorpusStats, SparseIndex, SparseParams
+from llmframe_ray.index.sparse import CorpusStats, SparseParams, corpus_stats
 from llmframe_ray.index.store import ChunkStore
-from llmframe_ray.indexing import chunking_params
+from llmframe_ray.ingest.build import build_shard
 from llmframe_ray.batch.plan import ShardPlan
 from llmframe_ray.batch.staging import Staging
 
@@ -59,7 +58,7 @@ def collect_shard(
     part.mkdir(parents=True)
     ChunkStore.from_chunks(chunks).save(part)
     np.save(part / VECTORS_FILE, np.vstack(vectors), allow_pickle=False)
-    return SparseIndex.build([c.indexed_text for c in chunks], sparse).stats()
+    return corpus_stats([c.indexed_text for c in chunks], sparse)
 
 
 def shard_stats(old_dir: str) -> CorpusStats:
@@ -67,21 +66,14 @@ def shard_stats(old_dir: str) -> CorpusStats:
 
 
 def finish_shard(
-    part_dir: str, target: str, corpus: CorpusStats, settings: Settings, model: Mapping[str, Any]
+    part_dir: str, target: str, corpus: CorpusStats, params: IndexParams, model: Mapping[str, Any]
 ) -> dict[str, int]:
     """Build the shard from its part with corpus-wide BM25 statistics, save it at `target`."""
     part = Path(part_dir)
     _clear(target)
     chunks = list(ChunkStore.load(part, mmap=False))
     vectors = np.load(part / VECTORS_FILE)
-    shard = IndexShard.build(
-        chunks, vectors,
-        dense=DenseParams.from_settings(settings),
-        sparse=SparseParams.from_settings(settings),
-        model=model,
-        chunking=chunking_params(settings),
-        corpus=corpus,
-    )
+    shard = build_shard(chunks, vectors, params, model, corpus)
     shard.save(target)
     return dict(shard.manifest.counts)
 

@@ -14,23 +14,24 @@ file system). One run per index directory at a time (a lock file enforces it).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-from llmframe_ray.config import Settings
-from llmframe_ray.index import atomic
-from llmframe_ray.index.sparse import CorpusStats, SparseParams, corpus_info
-from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
-from llmframe_ray.indexing import check_build_settings, chunking_params
-from llmframe_ray.ingest.readers import resolve_sources
-from llmframe_ray.models.embedder import load_embedder
 from llmframe_ray.batch.plan import PlanError, make_plan, stored_fingerprints
 from llmframe_ray.batch.report import REPORT_FILE, IngestResult, Skipped
+from llmframe_ray.batch.session import ray_session
 from llmframe_ray.batch.staging import Staging, staging_key
+from llmframe_ray.config import Params
+from llmframe_ray.index import atomic
+from llmframe_ray.index.params import IndexParams
+from llmframe_ray.index.sparse import CorpusStats, corpus_info
+from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
+from llmframe_ray.ingest.build import make_chunker
+from llmframe_ray.ingest.readers import resolve_sources
+from llmframe_ray.models.embedder import EmbedderParams, load_embedder
 
 PARTS_DIR = "parts"
 
@@ -41,30 +42,10 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def ray_session(settings: Settings) -> Iterator[None]:
-    """Connect to RAY_ADDRESS, or start a local Ray with this machine's CPUs; stop what we start."""
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        # address="local": always a new local Ray, never one some other process left running
-        ray.init(address="local", num_cpus=settings.threads, include_dashboard=False, log_to_driver=True)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def ingest(
     sources: Sequence[str | Path],
     index_dir: str | Path,
-    settings: Settings,
+    params: Params,
     *,
     shards: int | None = None,
     deletes: Sequence[str] = (),
@@ -74,9 +55,9 @@ def ingest(
     files = resolve_sources(sources) if sources else []
     if not files and not deletes:
         raise PlanError("nothing to do: give at least one source or --delete DOC_ID")
-    embedder = load_embedder(settings)
-    check_build_settings(settings, embedder)
-    model, chunking = embedder.info(), chunking_params(settings)
+    embedder = load_embedder(params.embedder)
+    make_chunker(params.index, embedder)  # bad chunking parameters fail here, before any work
+    model, chunking = embedder.info(), params.index.chunking.to_dict()
     directory = IndexDirectory(index_dir)
     with directory.writer_lock():
         removed = directory.remove_incomplete()
@@ -85,16 +66,19 @@ def ingest(
         previous = directory.load() if directory.current_version() is not None else None
         n_shards = _shard_count(previous, shards)
         if previous is not None:
-            _check_compatible(previous, model, chunking, settings)
+            problem = params.index.mismatch(previous.shards[0].manifest, model)
+            if problem is not None:
+                raise PlanError(f"{problem}; use a new index directory")
         staging = Staging(directory.root, staging_key(model, chunking, n_shards))
-        with ray_session(settings):
-            result = _run(files, directory, previous, n_shards, list(deletes), settings, model, staging, log)
+        with ray_session(params.ingest.local_cpus):
+            result = _run(files, directory, previous, n_shards, list(deletes), params, model, staging, log)
         if result.version is not None or not (result.plan and result.plan.changes_anything):
             staging.clear()
         atomic.write_json(directory.root / REPORT_FILE, result.report())
-        pruned = directory.prune(settings.index_retention, protect=[previous.version] if previous else [])
+        retention = params.ingest.retention
+        pruned = directory.prune(retention, protect=[previous.version] if previous else [])
         if pruned:
-            log(f"pruned {len(pruned)} old version(s) (keeping {settings.index_retention})")
+            log(f"pruned {len(pruned)} old version(s) (keeping {retention})")
     return result
 
 
@@ -110,31 +94,13 @@ def _shard_count(previous, shards: int | None) -> int:
     return existing
 
 
-def _check_compatible(previous, model: dict, chunking: dict, settings: Settings) -> None:
-    manifest = previous.shards[0].manifest
-    old_model = {k: manifest.model.get(k) for k in ("name", "dim", "max_length")}
-    new_model = {k: model.get(k) for k in ("name", "dim", "max_length")}
-    if old_model != new_model:
-        raise PlanError(f"the index was built with model {old_model}, these settings give {new_model}; use a new index directory")
-    old_chunking = dict(manifest.parameters.get("chunking", {}))
-    if old_chunking != chunking:
-        raise PlanError(f"the index was chunked with {old_chunking}, these settings give {chunking}; use a new index directory")
-    old_kind = dict(manifest.parameters.get("dense", {})).get("kind")
-    if old_kind is not None and old_kind != settings.dense_index.value:
-        raise PlanError(f"the index's dense shards are {old_kind!r}; LLMFRAME_DENSE_INDEX is {settings.dense_index.value!r}; use a new index directory")
-    old_sparse = dict(manifest.parameters.get("sparse", {}))
-    if old_sparse and old_sparse != SparseParams.from_settings(settings).to_dict():
-        raise PlanError(f"the index's BM25 settings are {old_sparse}; these settings differ; use a new index directory")
-
-
-def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: list[str], settings: Settings,
+def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: list[str], params: Params,
          model: dict, staging: Staging, log: Log) -> IngestResult:
-    import ray
 
     result = IngestResult(directory.root, None, None)
     clock = time.perf_counter()
 
-    rows = _read_and_chunk(files, n_shards, settings) if files else None
+    rows = _read_and_chunk(files, n_shards, params.embedder, params.index) if files else None
     meta = _collect_meta(rows) if rows is not None else []
     incoming, fresh_chunks, skipped = _dedupe(meta)
     result.skipped = skipped
@@ -162,7 +128,7 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
     wanted_fps = {fp for doc in plan.fresh for fp in fresh_chunks[doc]}
     needed = frozenset(wanted_fps - staging.fingerprints())
     if needed:
-        result.chunks_embedded = _embed(rows, len(meta), needed, settings, directory, staging)
+        result.chunks_embedded = _embed(rows, len(meta), needed, params, directory, staging)
     result.seconds["embed"] = time.perf_counter() - clock
     log(f"embedded {result.chunks_embedded} chunks ({len(wanted_fps) - len(needed)} already staged)")
 
@@ -170,7 +136,7 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
     version, tmp = directory.stage()
     try:
         return _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
-                                 settings, model, n_shards, clock, log)
+                                 params.index, model, n_shards, clock, log)
     except BaseException:
         import shutil
 
@@ -180,13 +146,12 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
 
 
 def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
-                      settings, model, n_shards, clock, log) -> IngestResult:
+                      index: IndexParams, model, n_shards, clock, log) -> IngestResult:
     import ray
 
     old_dirs = {}
     if previous is not None:
         old_dirs = {i: str(previous.path / shard_dir_name(i)) for i in previous.shard_ids}
-    sparse = SparseParams.from_settings(settings)
     collect = ray.remote(num_cpus=1)(_collect_task)
     stats_of = ray.remote(num_cpus=1)(_stats_task)
     pending = {}
@@ -194,7 +159,7 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
         if sp.changed:
             fps = [fp for doc in sorted(sp.fresh) for fp in fresh_chunks[doc]]
             pending[sp.shard] = collect.remote(sp, old_dirs.get(sp.shard), staging, fps,
-                                               str(tmp / PARTS_DIR / shard_dir_name(sp.shard)), sparse)
+                                               str(tmp / PARTS_DIR / shard_dir_name(sp.shard)), index.sparse)
         elif sp.shard in old_dirs:
             pending[sp.shard] = stats_of.remote(old_dirs[sp.shard])
     stats = dict(zip(pending, ray.get(list(pending.values()))))
@@ -207,7 +172,7 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
             continue  # an empty shard: no folder
         target = str(tmp / shard_dir_name(sp.shard))
         if sp.changed:
-            built[sp.shard] = finish.remote(str(tmp / PARTS_DIR / shard_dir_name(sp.shard)), target, corpus, settings, model)
+            built[sp.shard] = finish.remote(str(tmp / PARTS_DIR / shard_dir_name(sp.shard)), target, corpus, index, model)
         else:
             built[sp.shard] = carry.remote(old_dirs[sp.shard], target, corpus)
     result.shard_counts = dict(zip(built, ray.get(list(built.values()))))
@@ -236,7 +201,7 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
     return result
 
 
-def _read_and_chunk(files, n_shards: int, settings: Settings):
+def _read_and_chunk(files, n_shards: int, embedder: EmbedderParams, index: IndexParams):
     import ray
 
     from llmframe_ray.batch.stages import ChunkDocuments, read_file
@@ -247,7 +212,7 @@ def _read_and_chunk(files, n_shards: int, settings: Settings):
     # half a CPU each, so that read tasks can run beside the chunking actors even on one CPU
     ds = ds.flat_map(read_file, num_cpus=0.5)
     ds = ds.map_batches(
-        ChunkDocuments, fn_constructor_args=(settings, n_shards), batch_size=64,
+        ChunkDocuments, fn_constructor_args=(replace(embedder, threads=1), index, n_shards), batch_size=64,
         batch_format="numpy", num_cpus=0.5,
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, cpus - 1)),
     )
@@ -295,7 +260,7 @@ def _dedupe(meta: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, list[
     return incoming, fresh, sorted(skipped.values(), key=lambda s: (s.path, s.line))
 
 
-def _embed(rows, n_rows: int, needed: frozenset[str], settings: Settings, directory: IndexDirectory,
+def _embed(rows, n_rows: int, needed: frozenset[str], params: Params, directory: IndexDirectory,
            staging: Staging) -> int:
     import math
 
@@ -304,19 +269,20 @@ def _embed(rows, n_rows: int, needed: frozenset[str], settings: Settings, direct
     from llmframe_ray.batch.stages import EmbedChunks
 
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    per_actor = min(settings.ingest_cpus_per_actor, cpus)
-    actors = settings.ingest_embed_actors or max(1, cpus // per_actor)
+    knobs = params.ingest
+    per_actor = min(knobs.cpus_per_actor, cpus)
+    actors = knobs.embed_actors or max(1, cpus // per_actor)
     key = staging.root.name
     # One block per embedding batch: work spreads over the actors, and blocks keep moving (a
     # corpus read from one JSONL file is otherwise one block, and Ray Data stops a dataset that
     # shows no progress for 30 minutes).
     # Materialised first: an actor pool that already holds every CPU would starve the split.
-    blocks = max(actors, math.ceil(n_rows / settings.ingest_batch_size))
+    blocks = max(actors, math.ceil(n_rows / knobs.batch_size))
     rows = rows.repartition(blocks).materialize()
     out = rows.map_batches(
         EmbedChunks,
-        fn_constructor_args=(settings, per_actor, str(directory.root), key, needed),
-        batch_size=settings.ingest_batch_size, batch_format="numpy",
+        fn_constructor_args=(replace(params.embedder, threads=per_actor), str(directory.root), key, needed),
+        batch_size=knobs.batch_size, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=per_actor,
     )
     return sum(int(n) for batch in out.iter_batches(batch_format="numpy") for n in batch["embedded"])
@@ -334,10 +300,10 @@ def _stats_task(old_dir):
     return shard_stats(old_dir)
 
 
-def _finish_task(part_dir, target, corpus, settings, model):
+def _finish_task(part_dir, target, corpus, index, model):
     from llmframe_ray.batch.build import finish_shard
 
-    return finish_shard(part_dir, target, corpus, settings, model)
+    return finish_shard(part_dir, target, corpus, index, model)
 
 
 def _carry_task(old_dir, target, corpus):

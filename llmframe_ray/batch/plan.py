@@ -14,31 +14,19 @@ embedded nor does it make its shard change.
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from llmframe_ray.errors import LLMFrameError
 from llmframe_ray.index.shard import shard_of  # noqa: F401  (re-exported: the routing rule)
 from llmframe_ray.types import Chunk
 
-_CHUNK_FIELDS = tuple(f.name for f in fields(Chunk))
-
-
 class PlanError(LLMFrameError):
     """The run's arguments contradict each other or the existing index."""
 
 
-def chunk_to_json(chunk: Chunk) -> str:
-    return json.dumps({name: getattr(chunk, name) for name in _CHUNK_FIELDS}, ensure_ascii=False, separators=(",", ":"))
-
-
-def chunk_from_json(text: str) -> Chunk:
-    return Chunk(**json.loads(text))
-
-
 def chunk_fingerprint(chunk: Chunk) -> str:
-    return hashlib.blake2b(chunk_to_json(chunk).encode("utf-8"), digest_size=16).hexdigest()
+    return hashlib.blake2b(chunk.to_json().encode("utf-8"), digest_size=16).hexdigest()
 
 
 def doc_fingerprint(chunk_fingerprints: Iterable[str]) -> str:

@@ -14,14 +14,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from llmframe_ray.config import Settings
+from llmframe_ray.index.params import IndexParams
+from llmframe_ray.models.embedder import EmbedderParams, load_embedder
 from llmframe_ray.errors import DocumentReadError
 from llmframe_ray.ingest.readers import read_file_records
 from llmframe_ray.batch.plan import (
-    chunk_fingerprint, chunk_from_json, chunk_to_json, doc_fingerprint, shard_of,
+    chunk_fingerprint, doc_fingerprint, shard_of,
 )
 from llmframe_ray.batch.staging import Staging
-from llmframe_ray.types import Document
+from llmframe_ray.types import Chunk, Document
 
 DOC_COLUMNS = ("file_no", "line", "path", "doc_id", "title", "text", "error")
 CHUNK_COLUMNS = (
@@ -52,12 +53,11 @@ def _doc_row(file_no: int, line: int, path: Path, doc_id: str, title: str, text:
 class ChunkDocuments:
     """Documents -> chunks with routing and fingerprints (error rows pass through)."""
 
-    def __init__(self, settings: Settings, n_shards: int) -> None:
-        from llmframe_ray.indexing import make_chunker
-        from llmframe_ray.models.embedder import load_embedder
+    def __init__(self, embedder: EmbedderParams, index: IndexParams, n_shards: int) -> None:
+        from llmframe_ray.ingest.build import make_chunker
 
         self.n_shards = n_shards
-        self.chunker = make_chunker(settings, load_embedder(settings.model_copy(update={"num_threads": 1})))
+        self.chunker = make_chunker(index, load_embedder(embedder))
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {name: [] for name in CHUNK_COLUMNS}
@@ -89,7 +89,7 @@ class ChunkDocuments:
             shard = shard_of(base["doc_id"], self.n_shards)
             for chunk, fp in zip(chunks, fps):
                 _append(out, {**base, "error": "", "shard": shard, "doc_fp": doc_fp, "chunk_fp": fp,
-                              "position": chunk.position, "chunk": chunk_to_json(chunk)})
+                              "position": chunk.position, "chunk": chunk.to_json()})
         return out
 
 
@@ -102,10 +102,8 @@ class EmbedChunks:
     """Embeds the chunks whose fingerprints were asked for and writes them to staging, one file
     per shard per batch. ONNX Runtime runs with as many threads as CPUs the actor was given."""
 
-    def __init__(self, settings: Settings, threads: int, index_dir: str, key: str, wanted: frozenset[str]) -> None:
-        from llmframe_ray.models.embedder import load_embedder
-
-        self.embedder = load_embedder(settings.model_copy(update={"num_threads": threads}))
+    def __init__(self, embedder: EmbedderParams, index_dir: str, key: str, wanted: frozenset[str]) -> None:
+        self.embedder = load_embedder(embedder)
         self.staging = Staging(Path(index_dir), key)
         self.wanted = wanted
 
@@ -119,7 +117,7 @@ class EmbedChunks:
         rows = [r for r in rows if not (r[1] in seen or seen.add(r[1]))]
         if not rows:
             return {"embedded": []}
-        vectors = self.embedder.embed([chunk_from_json(chunk).indexed_text for _, _, chunk in rows])
+        vectors = self.embedder.embed([Chunk.from_json(chunk).indexed_text for _, _, chunk in rows])
         for shard in sorted({r[0] for r in rows}):
             picked = [i for i, r in enumerate(rows) if r[0] == shard]
             self.staging.write(shard, [rows[i][1] for i in picked], [rows[i][2] for i in picked], vectors[picked])

@@ -26,7 +26,6 @@ from llmframe_ray.index import atomic
 from llmframe_ray.index.versions import shard_dir_name
 from llmframe_ray.types import Chunk
 
-from llmframe_ray.batch.plan import chunk_from_json
 
 STAGING_DIR = ".staging"
 
@@ -91,7 +90,7 @@ class Staging:
                 for j, fp in enumerate(fps.tolist()):
                     i = index.get(fp)
                     if i is not None and chunks[i] is None:  # a chunk embedded twice: first copy
-                        chunks[i] = chunk_from_json(str(texts[j]))
+                        chunks[i] = Chunk.from_json(str(texts[j]))
                         vectors[i] = vecs[j]
         missing = sum(c is None for c in chunks)
         if missing:

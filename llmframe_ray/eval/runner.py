@@ -15,14 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from llmframe_ray.config import Settings
 from llmframe_ray.eval.beir import BeirDataset
 from llmframe_ray.eval.trec import score_run, write_run
 from llmframe_ray.index.manifest import FORMAT_VERSION
 from llmframe_ray.index.versions import IndexDirectory
-from llmframe_ray.indexing import build_index
+from llmframe_ray.index.params import IndexParams
+from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import Embedder
-from llmframe_ray.pipeline import Pipeline, ResultLevel
+from llmframe_ray.retrieve.pipeline import Pipeline, ResultLevel
+from llmframe_ray.retrieve.rerank import RerankFusion
 from llmframe_ray.errors import ModelError
 from llmframe_ray.types import SearchMode, parse_enum
 
@@ -73,54 +74,42 @@ class ModeResult:
     seconds: float
 
 
-def index_key(dataset: BeirDataset, settings: Settings, embedder: Embedder) -> str:
-    """A cache key over everything that changes the index: corpus bytes, model, parameters."""
-    parts = {
-        "corpus": dataset.corpus_sha256,
-        "format": FORMAT_VERSION,
-        "model": embedder.info(),
-        "settings": settings.model_dump(
-            mode="json",
-            include={
-                "chunk_size", "chunk_overlap", "embedding_max_length", "dense_index", "hnsw_m",
-                "hnsw_ef_construction", "ivf_nlist", "bm25_k1", "bm25_b", "bm25_stemmer",
-                "bm25_stopwords",
-            },
-        ),
-    }
+def index_key(dataset: BeirDataset, params: IndexParams, embedder: Embedder) -> str:
+    """A cache key over everything that changes the index: corpus bytes, format, and what
+    `IndexParams.identity` names (model and build parameters)."""
+    parts = {"corpus": dataset.corpus_sha256, "format": FORMAT_VERSION, "index": params.identity(embedder.info())}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cached_index(
     dataset: BeirDataset,
-    settings: Settings,
+    params: IndexParams,
     embedder: Embedder,
+    indexes_dir: Path,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Path:
-    """The index of the dataset's corpus under the cache dir, built on first use."""
-    root = settings.indexes_dir / f"beir-{dataset.name}-{index_key(dataset, settings, embedder)}"
+    """The index of the dataset's corpus under `indexes_dir`, built on first use."""
+    root = Path(indexes_dir) / f"beir-{dataset.name}-{index_key(dataset, params, embedder)}"
     if IndexDirectory(root).current_version() is None:
-        build_index(dataset.corpus, root, settings, embedder, progress)
+        build_index(dataset.corpus, root, params, embedder, progress)
     return root
 
 
 def run_reranked(
     pipeline: Pipeline, dataset: BeirDataset, depth: int = RUN_DEPTH
 ) -> dict[EvalMode, dict[str, list[tuple[str, float]]]]:
-    """Both reranked runs from one cross-encoder pass: `rerank` (as the settings say) and
+    """Both reranked runs from one cross-encoder pass: `rerank` (as configured) and
     `rerank-ce` (cross-encoder order alone)."""
-    from llmframe_ray.retrieve.rerank import passage_of, rerank_hits
-
     if pipeline.reranker is None:
         raise ModelError("reranking was asked for but no reranker is loaded")
     hybrid = run_mode(pipeline, dataset, SearchMode.HYBRID, depth, hits=True)
-    cut = pipeline.settings.reranker_depth
+    steps = pipeline.rerank
     out: dict[EvalMode, dict[str, list[tuple[str, float]]]] = {EvalMode.RERANK: {}, EvalMode.RERANK_CE: {}}
     for qid, hits in hybrid.items():
         query = dataset.queries[qid]
-        scores = pipeline.reranker.score(query, [passage_of(h) for h in hits[:cut]])
-        for mode, k in ((EvalMode.RERANK, pipeline.settings.reranker_fusion_k), (EvalMode.RERANK_CE, None)):
-            ranked = rerank_hits(query, hits, None, cut, k, scores=scores)
+        scores = pipeline.reranker.score(query, steps.passages(hits))
+        for mode, fusion in ((EvalMode.RERANK, None), (EvalMode.RERANK_CE, RerankFusion.NONE)):
+            ranked = steps.apply(query, hits, scores, fusion)
             out[mode][qid] = [(h.doc_id, h.score) for h in ranked]
     return out
 

@@ -23,6 +23,10 @@ from llmframe_ray.errors import ConfigError
 from llmframe_ray.generate.base import Usage
 
 SETTING = "LLMFRAME_LLM_PRICES"
+DEFAULT_PRICES = (
+    '{"claude-sonnet-4-5": [3.0, 15.0], "claude-haiku-4-5": [1.0, 5.0], '
+    '"gpt-4o-mini": [0.15, 0.6], "gpt-4o": [2.5, 10.0], "extractive-v1": [0.0, 0.0]}'
+)
 PER_TOKENS = 1_000_000
 DECIMALS = 8
 

@@ -15,11 +15,20 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from llmframe_ray.generate.base import Message
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class SessionParams:
+    """Tokens of history a session keeps (0: no history), and how many sessions are kept."""
+
+    token_budget: int = 2000
+    max_sessions: int = 10000
 
 
 def estimate_tokens(text: str) -> int:

@@ -11,6 +11,7 @@ search widens its window until the tie group at the cut-off is complete.
 
 from __future__ import annotations
 
+import enum
 import math
 import shutil
 from dataclasses import asdict, dataclass, replace
@@ -20,9 +21,14 @@ from typing import Any, Mapping, Sequence
 import faiss
 import numpy as np
 
-from llmframe_ray.config import DenseIndexKind
-from llmframe_ray.types import parse_enum
 from llmframe_ray.index import atomic
+from llmframe_ray.types import parse_enum
+
+
+class DenseIndexKind(str, enum.Enum):
+    FLAT = "flat"
+    HNSW = "hnsw"
+    IVF = "ivf"
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -51,17 +57,6 @@ class DenseParams:
             _positive_int(name, getattr(self, name))
         if self.ivf_nlist is not None:
             _positive_int("ivf_nlist", self.ivf_nlist)
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> DenseParams:
-        return cls(
-            kind=settings.dense_index,
-            hnsw_m=settings.hnsw_m,
-            hnsw_ef_construction=settings.hnsw_ef_construction,
-            hnsw_ef_search=settings.hnsw_ef_search,
-            ivf_nlist=settings.ivf_nlist,
-            ivf_nprobe=settings.ivf_nprobe,
-        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind.value}

@@ -41,12 +41,12 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def _thaw(value: Any) -> Any:
+def thaw(value: Any) -> Any:
     """Plain JSON-serialisable copy of a value made by `_freeze`."""
     if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
+        return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
+        return [thaw(v) for v in value]
     return value
 
 
@@ -83,7 +83,7 @@ class Manifest:
             object.__setattr__(self, name, _freeze(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: _thaw(getattr(self, name)) for name in _REQUIRED_KEYS}
+        return {name: thaw(getattr(self, name)) for name in _REQUIRED_KEYS}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False, indent=2, sort_keys=True) + "\n"

@@ -67,15 +67,6 @@ class SparseParams:
             raise ValueError(f"unknown stemmer {self.stemmer!r}; valid stemmers: {valid}")
         _stopword_list(self.stopwords)
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> SparseParams:
-        return cls(
-            k1=settings.bm25_k1,
-            b=settings.bm25_b,
-            stemmer=settings.bm25_stemmer,
-            stopwords=settings.bm25_stopwords,
-        )
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -347,3 +338,9 @@ def _lucene_matrix(
     values = (idf[cols] * tf / (tf + norm[rows])).astype(np.float32)
     matrix = sp.csc_matrix((values, (rows, cols)), shape=(n_docs, n_vocab), dtype=np.float32)
     return {"data": matrix.data, "indices": matrix.indices, "indptr": matrix.indptr, "num_docs": n_docs}
+
+
+def corpus_stats(texts: Sequence[str], params: SparseParams) -> CorpusStats:
+    """The BM25 statistics of one shard's texts, to be merged with the other shards' (the first
+    of the two passes of a sharded build; see SparseIndex.build)."""
+    return SparseIndex.build(list(texts), params).stats()

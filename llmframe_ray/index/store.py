@@ -11,7 +11,6 @@ With `mmap`, chunks.bin and the two arrays are memory-mapped; only chunks.docs.j
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -25,14 +24,6 @@ BIN_FILE = "chunks.bin"
 OFFSETS_FILE = "chunks.offsets.npy"
 DOCS_FILE = "chunks.docs.json"
 DOC_INDEX_FILE = "chunks.doc_index.npy"
-
-_FIELDS = tuple(f.name for f in dataclasses.fields(Chunk))
-
-
-def _encode(chunk: Chunk) -> bytes:
-    record = {name: getattr(chunk, name) for name in _FIELDS}
-    return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
 
 class ChunkStore:
     """Chunks by row. Build one with `from_chunks`, persist with `save`, reopen with `load`."""
@@ -57,7 +48,7 @@ class ChunkStore:
 
     @classmethod
     def from_chunks(cls, chunks: Sequence[Chunk]) -> ChunkStore:
-        records = [_encode(c) for c in chunks]
+        records = [c.to_json().encode("utf-8") for c in chunks]
         offsets = np.zeros(len(records) + 1, dtype=np.int64)
         np.cumsum([len(r) for r in records], out=offsets[1:])
         positions: dict[str, int] = {}
@@ -79,8 +70,7 @@ class ChunkStore:
     def get(self, row: int) -> Chunk:
         row = self._check_row(row)
         start, end = int(self._offsets[row]), int(self._offsets[row + 1])
-        record = json.loads(self._data[start:end].tobytes().decode("utf-8"))
-        return Chunk(**record)
+        return Chunk.from_json(self._data[start:end].tobytes().decode("utf-8"))
 
     def get_many(self, rows: Sequence[int]) -> list[Chunk]:
         return [self.get(row) for row in rows]

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Protocol, Sequence
 
-from llmframe_ray.types import Chunk, Document
+from llmframe_ray.types import Chunk, Document, passage_text
 
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 _SENTENCE_END = re.compile(r"[.!?]+[\"'”’»)\]]*\s+")
@@ -288,7 +288,7 @@ class Chunker:
             texts = []
             for d, a, b in pending:
                 body = docs[d].text[units[d][a].start : units[d][b - 1].end]
-                texts.append(f"{docs[d].title}\n{body}" if docs[d].title else body)
+                texts.append(passage_text(docs[d].title, body))
             retry = []
             for (d, a, b), n in zip(pending, self._count(texts)):
                 total = n + self.special_tokens

@@ -6,13 +6,21 @@ middle step. Vectors are float32 and L2-normalised, so inner product is cosine s
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, Sequence
 
 import numpy as np
 
 from llmframe_ray.errors import EmptyQueryError, ModelError, QueryTooLongError
-from llmframe_ray.models.runtime import EncodedBatch, create_session, load_tokenizer, pad_encodings
+from llmframe_ray.models.runtime import (
+    EncodedBatch,
+    available_threads,
+    create_session,
+    load_tokenizer,
+    pad_encodings,
+)
 
 SPECIAL_TOKENS = 2  # [CLS] and [SEP]
 
@@ -193,21 +201,52 @@ def ensure_local_model(models_dir: Path) -> Path:
     return export_encoder(bundled_minilm_path(), target)
 
 
-def load_embedder(settings) -> Embedder:
-    """The embedder the settings ask for."""
-    from llmframe_ray.config import EmbeddingProvider
+class EmbeddingProvider(str, enum.Enum):
+    LOCAL = "local"
+    OPENAI = "openai"
 
-    if settings.embedding_provider is EmbeddingProvider.OPENAI:
+
+@dataclass(frozen=True)
+class OpenAIEmbeddingParams:
+    """A hosted OpenAI embedding model (`api_key` is never shown in a repr)."""
+
+    model: str = "text-embedding-3-small"
+    api_key: str | None = field(default=None, repr=False)
+    dimensions: int | None = None
+    base_url: str | None = None
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class EmbedderParams:
+    """Which embedder to load and how. `threads` None: every core this process may use (a Serve
+    replica sets it to the CPUs it was given)."""
+
+    provider: EmbeddingProvider = EmbeddingProvider.LOCAL
+    models_dir: Path = Path("models")
+    max_length: int = 256
+    batch_size: int = 32
+    threads: int | None = None
+    openai: OpenAIEmbeddingParams | None = None
+
+    def with_threads(self, threads: int) -> EmbedderParams:
+        return replace(self, threads=threads)
+
+
+def load_embedder(params: EmbedderParams) -> Embedder:
+    """The embedder `params` ask for."""
+    if params.provider is EmbeddingProvider.OPENAI:
+        hosted = params.openai or OpenAIEmbeddingParams()
         return OpenAIEmbedder(
-            model=settings.openai_embedding_model,
-            api_key=settings.openai_api_key,
-            dimensions=settings.openai_embedding_dimensions,
-            base_url=settings.openai_base_url,
-            timeout_s=settings.openai_timeout_s,
+            model=hosted.model,
+            api_key=hosted.api_key,
+            dimensions=hosted.dimensions,
+            base_url=hosted.base_url,
+            timeout_s=hosted.timeout_s,
         )
     return OnnxEmbedder(
-        ensure_local_model(settings.models_dir),
-        max_length=settings.embedding_max_length,
-        batch_size=settings.embedding_batch_size,
-        threads=settings.threads,
+        ensure_local_model(params.models_dir),
+        max_length=params.max_length,
+        batch_size=params.batch_size,
+        threads=available_threads(params.threads),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -43,6 +44,15 @@ def pad_encodings(encodings: Sequence) -> EncodedBatch:
         mask[row, :n] = enc.attention_mask
         types[row, :n] = enc.type_ids
     return EncodedBatch(ids, mask, types)
+
+
+def available_threads(threads: int | None = None) -> int:
+    """`threads` when given, else every core this process may run on."""
+    if threads is not None:
+        return threads
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 def create_session(model_path: Path, threads: int):

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llmframe_ray.errors import ModelError
+from llmframe_ray.models.cross_encoder import CrossEncoder, Precision
+from llmframe_ray.models.runtime import available_threads
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DEFAULT_HUB_ONNX_FILE = "onnx/model.onnx"
@@ -94,19 +96,39 @@ def download_from_hub(
     return ModelSource(target, onnx_file, origin)
 
 
-def load_reranker(settings, spec: str | Path | None = None, precision: str | None = None):
-    """The cross-encoder the settings name (or `spec`), resolved, downloaded once, and loaded."""
-    from llmframe_ray.errors import ModelError
-    from llmframe_ray.models.cross_encoder import CrossEncoder, Precision
+@dataclass(frozen=True)
+class RerankerModelParams:
+    """Which cross-encoder to load and how. `model` is a folder or a hub repo id; `threads`
+    None: every core this process may use (a Serve replica sets the CPUs it was given)."""
 
-    precision = Precision.from_str(settings.reranker_precision if precision is None else precision)
+    model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+    models_dir: Path = Path("models")
+    revision: str | None = None
+    onnx_file: str | None = None
+    precision: Precision = Precision.FP32
+    batch_size: int = 32
+    max_length: int | None = None
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", Precision.from_str(self.precision))
+
+    def with_threads(self, threads: int) -> RerankerModelParams:
+        return replace(self, threads=threads)
+
+
+def load_reranker(
+    params: RerankerModelParams, spec: str | Path | None = None, precision: str | Precision | None = None
+) -> CrossEncoder:
+    """The cross-encoder `params` name (or `spec`), resolved, downloaded once, and loaded."""
+    precision = params.precision if precision is None else Precision.from_str(precision)
     source = resolve_model(
-        settings.reranker_model if spec is None else spec,
-        cache_dir=settings.models_dir,
-        revision=settings.reranker_revision,
-        onnx_file=settings.reranker_onnx_file,
+        params.model if spec is None else spec,
+        cache_dir=params.models_dir,
+        revision=params.revision,
+        onnx_file=params.onnx_file,
     )
-    if precision is Precision.INT8 and source.onnx_file is not None and settings.reranker_onnx_file is None:
+    if precision is Precision.INT8 and source.onnx_file is not None and params.onnx_file is None:
         raise ModelError(
             f"int8 precision for {source.origin} needs its quantised ONNX file: set "
             "LLMFRAME_RERANKER_ONNX_FILE to that file's path in the repo"
@@ -115,7 +137,7 @@ def load_reranker(settings, spec: str | Path | None = None, precision: str | Non
         source.model_dir,
         precision=precision,
         onnx_file=source.onnx_file,
-        max_length=settings.reranker_max_length,
-        batch_size=settings.reranker_batch_size,
-        threads=settings.threads,
+        max_length=params.max_length,
+        batch_size=params.batch_size,
+        threads=available_threads(params.threads),
     )

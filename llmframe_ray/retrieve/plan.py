@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -25,8 +25,21 @@ from llmframe_ray.retrieve.candidates import Candidates, ChunkRef, merge_shard_r
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
 from llmframe_ray.types import Chunk, Hit, SearchMode, parse_enum
 
-BM25 = SearchMode.BM25.value
-DENSE = SearchMode.DENSE.value
+
+
+class Ranker(str, enum.Enum):
+    """A first-stage ranker; its value names its list in fusion and in a hit's `ranks`."""
+
+    BM25 = SearchMode.BM25.value
+    DENSE = SearchMode.DENSE.value
+
+    @classmethod
+    def from_str(cls, value: str | Ranker) -> Ranker:
+        return parse_enum(cls, value, "ranker")
+
+
+BM25 = Ranker.BM25.value
+DENSE = Ranker.DENSE.value
 
 # Per query: (row, score, document id), best first.
 ShardResults = list[list[tuple[int, float, str]]]
@@ -57,10 +70,13 @@ class SearchShard:
     `inputs` are query texts for BM25 or a float32 matrix of query vectors for dense.
     """
 
-    ranker: str
+    ranker: Ranker
     shard: int
     inputs: Any
     k: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranker", Ranker.from_str(self.ranker))
 
 
 @dataclass(frozen=True)
@@ -76,10 +92,35 @@ Plan = Generator[list[Request], list[Any], list[list[Hit]]]
 
 
 @dataclass(frozen=True)
-class FusionSettings:
-    rrf_k: int
-    weights: Mapping[str, float]
-    fusion_depth: int
+class FusionParams:
+    """Hybrid fusion: RRF constant, weight per ranker (by its name), and how deep each ranker's
+    list goes into the fusion."""
+
+    rrf_k: int = 20
+    weights: Mapping[str, float] = field(default_factory=lambda: {BM25: 1.0, DENSE: 1.0})
+    fusion_depth: int = 200
+
+
+class PlanBackend(Protocol):
+    """What answers a plan's requests: direct calls in process (returning values), deployment
+    handles in Serve (returning awaitables)."""
+
+    def encode(self, texts: Sequence[str]) -> Any: ...
+
+    def search(self, shard: int, ranker: Ranker, inputs: Any, k: int) -> Any: ...
+
+    def read_chunks(self, shard: int, rows: Sequence[int]) -> Any: ...
+
+
+def answer_request(backend: PlanBackend, request: Request) -> Any:
+    """Send one request of a plan to the backend method that answers it."""
+    if isinstance(request, Encode):
+        return backend.encode(request.texts)
+    if isinstance(request, SearchShard):
+        return backend.search(request.shard, request.ranker, request.inputs, request.k)
+    if isinstance(request, ReadChunks):
+        return backend.read_chunks(request.shard, request.rows)
+    raise TypeError(f"not a retrieval plan request: {request!r}")
 
 
 @dataclass(frozen=True)
@@ -122,14 +163,12 @@ def bm25_consistency_problem(shards: Sequence[ShardFacts]) -> str | None:
     return None
 
 
-def search_shard(shard: IndexShard, ranker: str, inputs: Any, k: int) -> ShardResults:
+def search_shard(shard: IndexShard, ranker: Ranker, inputs: Any, k: int) -> ShardResults:
     """Answer a SearchShard request against a loaded shard."""
-    if ranker == BM25:
+    if Ranker.from_str(ranker) is Ranker.BM25:
         results = shard.search_sparse(list(inputs), k)
-    elif ranker == DENSE:
-        results = shard.search_dense(np.ascontiguousarray(inputs, dtype=np.float32), k)
     else:
-        raise ValueError(f"unknown ranker {ranker!r}")
+        results = shard.search_dense(np.ascontiguousarray(inputs, dtype=np.float32), k)
     return [[(row, score, shard.doc_id(row)) for row, score in per_query] for per_query in results]
 
 
@@ -139,7 +178,7 @@ def retrieval_plan(
     level: ResultLevel,
     top_k: int,
     shard_sizes: Sequence[int],
-    fusion: FusionSettings,
+    fusion: FusionParams,
 ) -> Plan:
     """Rank `top_k` hits per (already checked) query over shards of the given sizes (0: empty)."""
     depth = top_k if mode is not SearchMode.HYBRID else max(top_k, fusion.fusion_depth)
@@ -223,7 +262,7 @@ def _select(inputs: Any, rows: list[int]) -> Any:
 
 
 def _rank(
-    candidates: list[Candidates], level: ResultLevel, depth: int, top_k: int, fusion: FusionSettings
+    candidates: list[Candidates], level: ResultLevel, depth: int, top_k: int, fusion: FusionParams
 ) -> list[tuple[ChunkRef, float, dict[str, int]]]:
     """The top `top_k` items of one query as (chunk, score, rank per ranker)."""
     if level is ResultLevel.CHUNK:
@@ -252,7 +291,7 @@ def _rank(
 
 
 def _best_fused_chunks(
-    candidates: list[Candidates], fallback: dict[str, ChunkRef], fusion: FusionSettings
+    candidates: list[Candidates], fallback: dict[str, ChunkRef], fusion: FusionParams
 ) -> dict[str, ChunkRef]:
     """Each document's chunk that ranks highest when the chunk lists are fused."""
     refs = {ref.key: ref for c in candidates for ref in c.refs}
@@ -278,22 +317,23 @@ def _hit(chunk: Chunk, score: float, rank: int, ranks: dict[str, int]) -> Hit:
     )
 
 
-def run_plan(plan: Plan, answer: Callable[[Request], Any]) -> list[list[Hit]]:
+def run_plan(plan: Plan, backend: PlanBackend) -> list[list[Hit]]:
     """Drive a plan with direct calls, one request after another."""
     try:
         requests = next(plan)
         while True:
-            requests = plan.send([answer(r) for r in requests])
+            requests = plan.send([answer_request(backend, r) for r in requests])
     except StopIteration as done:
         return done.value
 
 
-async def run_plan_async(plan: Plan, answer: Callable[[Request], Awaitable[Any]]) -> list[list[Hit]]:
-    """Drive a plan with awaitable calls; the requests of one step run concurrently."""
+async def run_plan_async(plan: Plan, backend: PlanBackend) -> list[list[Hit]]:
+    """Drive a plan with a backend whose methods return awaitables; the requests of one step
+    run concurrently."""
     try:
         requests = next(plan)
         while True:
-            answers = await asyncio.gather(*(answer(r) for r in requests))
+            answers = await asyncio.gather(*(answer_request(backend, r) for r in requests))
             requests = plan.send(list(answers))
     except StopIteration as done:
         return done.value

@@ -1,8 +1,8 @@
 """Rerank the head of a ranked hit list with a cross-encoder ("fuse, then rerank").
 
 The first `depth` hits are rescored by the cross-encoder. With `fusion_k` None they are sorted
-by that score (ties keep their incoming order). With `fusion_k` set (the default in the
-pipeline: LLMFRAME_RERANKER_FUSION=rrf, k = LLMFRAME_RRF_K) the cross-encoder's order and the
+by that score (ties keep their incoming order). With `fusion_k` set (the default:
+LLMFRAME_RERANKER_FUSION=rrf, k = LLMFRAME_RERANKER_RRF_K) the cross-encoder's order and the
 incoming (hybrid) order of the head are fused with Reciprocal Rank Fusion, equal weights, and
 the hit's score is the fused score: the cross-encoder then corrects the first stage instead of
 replacing it (on held-out SciFact train queries: see README "Reranking"). Hits below the depth
@@ -12,20 +12,62 @@ cross-encoder's own position under `ranks["rerank"]`.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import enum
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from llmframe_ray.models.cross_encoder import CrossEncoder, rerank_order
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
-from llmframe_ray.types import Hit, RankedList
+from llmframe_ray.types import Hit, RankedList, parse_enum
 
 RERANK = "rerank"
 FIRST_STAGE = "first_stage"
 
 
-def passage_of(hit: Hit) -> str:
-    """What the cross-encoder reads for a hit: title, newline, chunk text."""
-    return f"{hit.title}\n{hit.text}" if hit.title else hit.text
+class RerankFusion(str, enum.Enum):
+    """How the reranked head is ordered: RRF of the cross-encoder's and the first stage's
+    orders, or the cross-encoder's order alone."""
+
+    RRF = "rrf"
+    NONE = "none"
+
+    @classmethod
+    def from_str(cls, value: str | RerankFusion) -> RerankFusion:
+        return parse_enum(cls, value, "reranker fusion")
+
+
+@dataclass(frozen=True)
+class RerankParams:
+    """Reranking as a step after retrieval: on by default or not, how many hits it rescores,
+    and how its order is combined with the first stage's (the search path, the served app and
+    the evaluation all apply it through these methods)."""
+
+    enabled: bool = False
+    depth: int = 50
+    fusion: RerankFusion = RerankFusion.RRF
+    rrf_k: int = 20
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fusion", RerankFusion.from_str(self.fusion))
+        if self.depth < 1:
+            raise ValueError(f"rerank depth must be >= 1, got {self.depth}")
+
+    def wanted(self, top_k: int, rerank: bool) -> int:
+        """How many first-stage hits to retrieve for `top_k` results."""
+        return max(top_k, self.depth) if rerank else top_k
+
+    def passages(self, hits: Sequence[Hit]) -> list[str]:
+        """What the cross-encoder reads: the head's passages, in order."""
+        return [h.passage for h in hits[: self.depth]]
+
+    def apply(
+        self, query: str, hits: Sequence[Hit], scores: Sequence[float], fusion: RerankFusion | None = None
+    ) -> list[Hit]:
+        """The hits with the head reordered by its cross-encoder `scores` (of `passages`);
+        `fusion` overrides the configured one."""
+        fusion = self.fusion if fusion is None else fusion
+        k = self.rrf_k if fusion is RerankFusion.RRF else None
+        return rerank_hits(query, hits, None, self.depth, k, scores=scores)
 
 
 def rerank_hits(
@@ -47,7 +89,7 @@ def rerank_hits(
     if scores is None:
         if encoder is None:
             raise ValueError("rerank_hits needs an encoder or the scores")
-        scores = encoder.score(query, [passage_of(h) for h in head])
+        scores = encoder.score(query, [h.passage for h in head])
     elif len(scores) != len(head):
         raise ValueError(f"got {len(scores)} scores for {len(head)} reranked hits")
     order = rerank_order(scores)

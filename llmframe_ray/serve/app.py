@@ -15,10 +15,10 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray.serve import Application
 
+from llmframe_ray.api.auth import ApiKeys
 from llmframe_ray.config import Settings, load_settings
 from llmframe_ray.errors import ConfigError, IndexLoadError
 from llmframe_ray.index.versions import IndexDirectory
-from llmframe_ray.serve.auth import ApiKeys
 from llmframe_ray.serve.dense_shard import DenseShard
 from llmframe_ray.serve.encoder import QueryEncoder
 from llmframe_ray.serve.generator import Generator
@@ -26,7 +26,6 @@ from llmframe_ray.serve.ingress import Ingress
 from llmframe_ray.serve.reranker import Reranker
 from llmframe_ray.serve.retriever import Retriever
 from llmframe_ray.serve.sessions import Sessions
-from llmframe_ray.serve.shard_server import shard_deployment_name
 from llmframe_ray.serve.sparse_shard import SparseShard
 
 
@@ -40,6 +39,10 @@ DEPLOYMENTS = {
     "Sessions": Sessions,
     "Ingress": Ingress,
 }
+
+
+def shard_deployment_name(kind: str, shard: int) -> str:
+    return f"{kind}-{shard}"
 
 
 class AppArgs(BaseModel):
@@ -67,6 +70,10 @@ class AppArgs(BaseModel):
 
 
 def build_app(args: AppArgs) -> Application:
+    """Settings are read and resolved here, once, where the app is built (LLMFRAME_* of this
+    environment with `args.settings` on top); each deployment is bound with only the
+    parameters it uses, so a secret reaches only the replica that needs it (API keys only as
+    digests, to the Ingress; provider keys to the Generator)."""
     if not isinstance(args, AppArgs):
         args = AppArgs.model_validate(args)
     overrides = dict(args.settings)
@@ -77,9 +84,11 @@ def build_app(args: AppArgs) -> Application:
     use_reranker = settings.reranker_enabled if args.reranker is None else args.reranker
     if "reranker_enabled" not in overrides:
         overrides["reranker_enabled"] = use_reranker  # by default, rerank when a Reranker is deployed
+        settings = load_settings(**overrides)
     elif overrides["reranker_enabled"] and not use_reranker:
         raise ConfigError("settings.reranker_enabled is true but the app is built without a Reranker (reranker: false)")
-    ApiKeys.from_settings(settings)
+    params = settings.params()
+    keys = ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled)
     root = Path(args.index_dir).expanduser().resolve()
     index = IndexDirectory(root)
     current = index.current_version()
@@ -93,19 +102,20 @@ def build_app(args: AppArgs) -> Application:
             options["name"] = name
         return DEPLOYMENTS[kind].options(**options) if options else DEPLOYMENTS[kind]
 
-    encoder = deployment("QueryEncoder").bind(overrides)
+    retrieval = params.retrieval
+    encoder = deployment("QueryEncoder").bind(params.embedder)
     dense = [
-        deployment("DenseShard", shard_deployment_name("DenseShard", i)).bind(str(root), i, overrides)
+        deployment("DenseShard", shard_deployment_name("DenseShard", i)).bind(str(root), i, retrieval, settings.num_threads)
         for i in range(n_shards)
     ]
     sparse = [
-        deployment("SparseShard", shard_deployment_name("SparseShard", i)).bind(str(root), i, overrides)
+        deployment("SparseShard", shard_deployment_name("SparseShard", i)).bind(str(root), i, retrieval)
         for i in range(n_shards)
     ]
-    retriever = deployment("Retriever").bind(encoder, dense, sparse, str(root), overrides)
-    reranker = deployment("Reranker").bind(overrides) if use_reranker else None
-    generator = deployment("Generator").bind(overrides)
-    sessions = deployment("Sessions").bind(overrides)
+    retriever = deployment("Retriever").bind(encoder, dense, sparse, str(root), retrieval, params.index_watch_interval_s)
+    reranker = deployment("Reranker").bind(params.reranker_model, params.rerank.depth) if use_reranker else None
+    generator = deployment("Generator").bind(params.providers, params.service.generation.prices)
+    sessions = deployment("Sessions").bind(params.sessions)
 
     probes = {"QueryEncoder": encoder, "Retriever": retriever, "Generator": generator, "Sessions": sessions}
     probes.update({shard_deployment_name("DenseShard", i): d for i, d in enumerate(dense)})
@@ -114,4 +124,4 @@ def build_app(args: AppArgs) -> Application:
     if reranker is not None:
         probes["Reranker"] = reranker
         batched["Reranker"] = reranker
-    return deployment("Ingress").bind(retriever, reranker, generator, sessions, probes, batched, overrides)
+    return deployment("Ingress").bind(retriever, reranker, generator, sessions, probes, batched, keys, params.service)

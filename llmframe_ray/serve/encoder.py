@@ -9,15 +9,14 @@ import numpy as np
 from ray import serve
 
 from llmframe_ray.errors import QueryError
-from llmframe_ray.models.embedder import load_embedder
-from llmframe_ray.serve.replica import BatchStats, replica_settings
+from llmframe_ray.models.embedder import EmbedderParams, load_embedder
+from llmframe_ray.serve.replica import BatchStats, with_replica_threads
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=128)
 class QueryEncoder:
-    def __init__(self, overrides: Mapping[str, Any]) -> None:
-        self.settings = replica_settings(overrides)
-        self.embedder = load_embedder(self.settings)
+    def __init__(self, params: EmbedderParams) -> None:
+        self.embedder = load_embedder(with_replica_threads(params))
         self.stats = BatchStats()
         self.embedder.embed(["warm up"] * 32)
 

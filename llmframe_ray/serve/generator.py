@@ -3,15 +3,14 @@ one interface, with token and cost counters exported as Ray metrics."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator
 
 from ray import serve
 from ray.serve.metrics import Counter
 
 from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
-from llmframe_ray.generate.chain import provider_chain
+from llmframe_ray.generate.chain import ProviderParams, provider_chain
 from llmframe_ray.generate.costs import PriceTable
-from llmframe_ray.serve.replica import replica_settings
 
 
 class UsageMeter:
@@ -41,10 +40,9 @@ class UsageMeter:
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=128)
 class Generator:
-    def __init__(self, overrides: Mapping[str, Any]) -> None:
-        settings = replica_settings(overrides)
-        self.provider = provider_chain(settings)
-        self.meter = UsageMeter(PriceTable.from_json(settings.llm_prices))
+    def __init__(self, params: ProviderParams, prices: str) -> None:
+        self.provider = provider_chain(params)
+        self.meter = UsageMeter(PriceTable.from_json(prices))
 
     async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion:
         completion = await self.provider.generate(messages, system=system, max_tokens=max_tokens, temperature=temperature)

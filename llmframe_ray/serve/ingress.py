@@ -11,10 +11,11 @@ from ray.serve.handle import DeploymentHandle
 
 from llmframe_ray.errors import LLMFrameError
 from llmframe_ray.retrieve.plan import ResultLevel
-from llmframe_ray.serve.auth import ApiKeys
-from llmframe_ray.serve.http import create_app
-from llmframe_ray.serve.replica import replica_settings, unwrap
-from llmframe_ray.serve.service import RagService, Retrieved, StageUnavailableError
+from llmframe_ray.api.auth import ApiKeys
+from llmframe_ray.api.http import create_app
+from llmframe_ray.api.params import ServiceParams
+from llmframe_ray.serve.replica import unwrap
+from llmframe_ray.api.service import RagService, Retrieved, StageUnavailableError
 from llmframe_ray.generate.base import Completion, Message, StreamEnd
 from llmframe_ray.types import SearchMode
 
@@ -118,12 +119,12 @@ class Ingress:
         sessions: DeploymentHandle,
         probes: Mapping[str, DeploymentHandle],
         batched: Mapping[str, DeploymentHandle],
-        overrides: Mapping[str, Any],
+        keys: ApiKeys,
+        params: ServiceParams,
     ) -> None:
-        self.settings = replica_settings(overrides)
-        self.keys = ApiKeys.from_settings(self.settings)
+        self.keys = keys  # digests only: the keys themselves never leave the app builder
         stages = ServeStages(retriever, reranker, generator, sessions, probes, batched)
-        self.service = RagService(stages, self.settings)
+        self.service = RagService(stages, params)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_app(self.service, self.keys, self.settings)
+        return create_app(self.service, self.keys)

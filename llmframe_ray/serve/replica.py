@@ -1,24 +1,33 @@
-"""What every Serve replica needs: its settings, its thread count, batch statistics, and
-errors from other replicas unwrapped to the typed error that was raised there."""
+"""What every Serve replica needs: its thread count, batch statistics, and errors from other
+replicas unwrapped to the typed error that was raised there."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
-
-from llmframe_ray.config import Settings, load_settings
+from typing import Protocol, TypeVar
 
 
-def replica_settings(overrides: Mapping[str, Any]) -> Settings:
-    """LLMFRAME_* settings from this replica's environment, with the app's overrides, and the
-    thread count set to the CPUs Ray gave the replica (unless LLMFRAME_NUM_THREADS says)."""
+class Threaded(Protocol):
+    threads: int | None
+
+    def with_threads(self, threads: int): ...
+
+
+P = TypeVar("P", bound=Threaded)
+
+
+def replica_threads() -> int:
+    """The CPUs Ray gave this replica, rounded up (at least 1)."""
     import ray
 
-    settings = load_settings(**dict(overrides))
-    if settings.num_threads is not None:
-        return settings
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-    return load_settings(**{**dict(overrides), "num_threads": max(1, math.ceil(cpus))})
+    return max(1, math.ceil(cpus))
+
+
+def with_replica_threads(params: P) -> P:
+    """`params` with its thread count set to this replica's CPUs, unless LLMFRAME_NUM_THREADS
+    set it."""
+    return params if params.threads is not None else params.with_threads(replica_threads())
 
 
 class BatchStats:

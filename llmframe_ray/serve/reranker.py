@@ -7,8 +7,8 @@ from typing import Any, Mapping, Sequence
 
 from ray import serve
 
-from llmframe_ray.models.sources import load_reranker
-from llmframe_ray.serve.replica import BatchStats, replica_settings
+from llmframe_ray.models.sources import RerankerModelParams, load_reranker
+from llmframe_ray.serve.replica import BatchStats, with_replica_threads
 
 # A batch is capped by pairs (a request carries up to LLMFRAME_RERANKER_DEPTH of them).
 MAX_BATCH_PAIRS = 256
@@ -20,11 +20,11 @@ def _pairs(items: list[tuple[str, tuple[str, ...]]]) -> int:
 
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=32)
 class Reranker:
-    def __init__(self, overrides: Mapping[str, Any]) -> None:
-        self.settings = replica_settings(overrides)
-        self.encoder = load_reranker(self.settings)
+    def __init__(self, params: RerankerModelParams, depth: int) -> None:
+        self.encoder = load_reranker(with_replica_threads(params))
+        self.depth = depth  # a batch always has room for one request's pairs
         self.stats = BatchStats()
-        self._score_batch.set_max_batch_size(max(MAX_BATCH_PAIRS, self.settings.reranker_depth))
+        self._score_batch.set_max_batch_size(max(MAX_BATCH_PAIRS, depth))
         self.encoder.score("warm up", ["warm up"] * self.encoder.batch_size)
 
     async def score(self, query: str, passages: Sequence[str]) -> list[float]:
@@ -47,7 +47,7 @@ class Reranker:
     def reconfigure(self, config: Mapping[str, Any]) -> None:
         """user_config: {max_batch_pairs, batch_wait_timeout_s}."""
         if "max_batch_pairs" in config:
-            self._score_batch.set_max_batch_size(max(int(config["max_batch_pairs"]), self.settings.reranker_depth))
+            self._score_batch.set_max_batch_size(max(int(config["max_batch_pairs"]), self.depth))
         if "batch_wait_timeout_s" in config:
             self._score_batch.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
 

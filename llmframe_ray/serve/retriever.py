@@ -13,30 +13,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from llmframe_ray.api.service import Retrieved
 from llmframe_ray.errors import IndexLoadError, ModelError
+from llmframe_ray.index.params import check_model
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.embedder import check_query_text
-from llmframe_ray.pipeline import check_model, fusion_settings
+from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.plan import (
-    BM25,
-    Encode,
-    ReadChunks,
-    Request,
+    Ranker,
     ResultLevel,
-    SearchShard,
     ShardFacts,
     bm25_consistency_problem,
     retrieval_plan,
     run_plan_async,
 )
-from llmframe_ray.serve.replica import replica_settings, unwrap
-from llmframe_ray.serve.service import Retrieved
+from llmframe_ray.serve.replica import unwrap
 from llmframe_ray.types import SearchMode
 
 logger = logging.getLogger("ray.serve")
@@ -57,10 +54,10 @@ class Retriever:
         dense: Sequence[DeploymentHandle],
         sparse: Sequence[DeploymentHandle],
         index_dir: str,
-        overrides: Mapping[str, Any],
+        params: RetrievalParams,
+        watch_interval_s: float,
     ) -> None:
-        self.settings = replica_settings(overrides)
-        self.fusion = fusion_settings(self.settings)
+        self.fusion = params.fusion
         self.encoder, self.dense, self.sparse = encoder, list(dense), list(sparse)
         self.index = IndexDirectory(index_dir)
         self.problem: str | None = None
@@ -70,8 +67,8 @@ class Retriever:
         if current is None:
             raise IndexLoadError(f"no published version in {index_dir}; build one with `llmframe-ray ingest`")
         self.served = await self._prepare(current)
-        interval = self.settings.index_watch_interval_s
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(interval)) if interval > 0 else None
+        loop = asyncio.get_running_loop()
+        self._watcher = loop.create_task(self._watch(watch_interval_s)) if watch_interval_s > 0 else None
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
         served = self.served  # this request's version, whatever is published meanwhile
@@ -81,21 +78,10 @@ class Retriever:
             [check_query_text(query)], mode, level, top_k, [f.size for f in served.facts], self.fusion
         )
         try:
-            hits = await run_plan_async(plan, lambda request: self._answer(served.version, request))
+            hits = await run_plan_async(plan, _HandleBackend(self, served.version))
         except Exception as exc:
             raise unwrap(exc) from None
         return Retrieved(served.version, hits[0])
-
-    async def _answer(self, version: str, request: Request) -> Any:
-        if isinstance(request, Encode):
-            vectors = await asyncio.gather(*(self.encoder.encode.remote(text) for text in request.texts))
-            return np.stack(vectors)
-        if isinstance(request, SearchShard):
-            shards = self.sparse if request.ranker == BM25 else self.dense
-            return await shards[request.shard].search.remote(version, request.inputs, request.k)
-        if isinstance(request, ReadChunks):
-            return await self.sparse[request.shard].chunks.remote(version, request.rows)
-        raise TypeError(f"not a retrieval plan request: {request!r}")
 
     async def _prepare(self, version: str) -> Served:
         """Load `version` on a replica of every shard deployment and check it can be served."""
@@ -151,3 +137,22 @@ class Retriever:
 
     def ready(self) -> str:
         return "ready"
+
+
+class _HandleBackend:
+    """The plan's requests (retrieve/plan.py: PlanBackend) as deployment handle calls on one
+    index version."""
+
+    def __init__(self, retriever: Retriever, version: str) -> None:
+        self.retriever, self.version = retriever, version
+
+    async def encode(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = await asyncio.gather(*(self.retriever.encoder.encode.remote(text) for text in texts))
+        return np.stack(vectors)
+
+    async def search(self, shard: int, ranker: Ranker, inputs: Any, k: int) -> Any:
+        shards = self.retriever.sparse if ranker is Ranker.BM25 else self.retriever.dense
+        return await shards[shard].search.remote(self.version, inputs, k)
+
+    async def read_chunks(self, shard: int, rows: Sequence[int]) -> Any:
+        return await self.retriever.sparse[shard].chunks.remote(self.version, rows)

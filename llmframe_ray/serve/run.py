@@ -8,17 +8,16 @@ from typing import Callable
 
 from ray import serve
 
-from llmframe_ray.batch.job import ray_session
-from llmframe_ray.config import Settings
+from llmframe_ray.batch.session import ray_session
 from llmframe_ray.serve.app import AppArgs, build_app
 
 
 def serve_until_stopped(
-    index: Path, host: str, port: int, reranker: bool | None, settings: Settings, say: Callable[[str], None]
+    index: Path, host: str, port: int, reranker: bool | None, local_cpus: int, say: Callable[[str], None]
 ) -> None:
     application = build_app(AppArgs(index_dir=str(index), reranker=reranker))
     stop: list[int] = []
-    with ray_session(settings):
+    with ray_session(local_cpus):
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
             signal.signal(sig, lambda number, frame: stop.append(number))
         serve.start(http_options={"host": host, "port": port})

@@ -3,20 +3,16 @@ memory; a restart forgets it)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from ray import serve
 
 from llmframe_ray.generate.base import Message
-from llmframe_ray.generate.sessions import SessionStore
-from llmframe_ray.serve.replica import replica_settings
+from llmframe_ray.generate.sessions import SessionParams, SessionStore
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.02}, max_ongoing_requests=512)
 class Sessions:
-    def __init__(self, overrides: Mapping[str, Any]) -> None:
-        settings = replica_settings(overrides)
-        self.store = SessionStore(settings.session_token_budget, settings.session_max)
+    def __init__(self, params: SessionParams) -> None:
+        self.store = SessionStore(params.token_budget, params.max_sessions)
 
     def history(self, session_id: str) -> list[Message]:
         return self.store.history(session_id)

@@ -31,6 +31,7 @@ import numpy as np
 from llmframe_ray.eval.beir import BeirDataset
 from llmframe_ray.models.cross_encoder import CARD_FILE, ONNX_FILES
 from llmframe_ray.models.export import bundled_minilm_path, export_graph, quantize_int8, write_folder
+from llmframe_ray.types import passage_text
 
 Log = Callable[[str], None]
 
@@ -79,10 +80,6 @@ class TrainReport:
     pairs: int = 0
     seconds: float = 0.0
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
-
-
-def passage_text(title: str, text: str) -> str:
-    return f"{title}\n{text}" if title else text
 
 
 def split_queries(qids: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:

@@ -6,16 +6,17 @@ import json
 import time
 from pathlib import Path
 
-from llmframe_ray.config import Settings
 from llmframe_ray.errors import DatasetError
 from llmframe_ray.eval.beir import BeirDataset, load_beir
 from llmframe_ray.eval.runner import cached_index, run_mode
 from llmframe_ray.eval.trec import score_run, write_run
 from llmframe_ray.index import atomic
 from llmframe_ray.models.cross_encoder import CARD_FILE, CrossEncoder, Precision, read_card
-from llmframe_ray.models.embedder import load_embedder
-from llmframe_ray.pipeline import Pipeline
-from llmframe_ray.retrieve.rerank import rerank_hits
+from llmframe_ray.index.params import IndexParams
+from llmframe_ray.models.embedder import EmbedderParams, load_embedder
+from llmframe_ray.retrieve.params import RetrievalParams
+from llmframe_ray.retrieve.pipeline import Pipeline
+from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.train.reranker import Log, TrainConfig, build_groups, split_queries, train
 from llmframe_ray.types import Hit, SearchMode
 
@@ -35,20 +36,22 @@ def subset(dataset: BeirDataset, qids: list[str]) -> BeirDataset:
 
 
 def validate(
-    pipeline: Pipeline, dataset: BeirDataset, model_dir: Path, settings: Settings, work: Path
+    pipeline: Pipeline, dataset: BeirDataset, model_dir: Path, rrf_k: int, threads: int, work: Path
 ) -> dict[str, dict[str, float]]:
     """nDCG@10 on held-out queries: hybrid, and hybrid top-30 reranked by fp32 and int8, both
-    by the cross-encoder alone and fused with the hybrid order (RRF, k = settings.rrf_k)."""
+    by the cross-encoder alone and fused with the hybrid order (RRF, k = `rrf_k`)."""
+    steps = RerankParams(depth=VALIDATION_DEPTH, rrf_k=rrf_k)
     hybrid = {
         qid: pipeline.search(text, SearchMode.HYBRID, top_k=100, truncate=True, rerank=False)
         for qid, text in dataset.queries.items()
     }
     figures = {"hybrid": _score(work / "hybrid.trec", hybrid, dataset)}
     for precision in Precision:
-        encoder = CrossEncoder(model_dir, precision=precision, threads=settings.threads)
+        encoder = CrossEncoder(model_dir, precision=precision, threads=threads)
         started = time.perf_counter()
+        scores = {qid: encoder.score(dataset.queries[qid], steps.passages(hits)) for qid, hits in hybrid.items()}
         reranked = {
-            qid: rerank_hits(dataset.queries[qid], hits, encoder, VALIDATION_DEPTH)
+            qid: steps.apply(dataset.queries[qid], hits, scores[qid], RerankFusion.NONE)
             for qid, hits in hybrid.items()
         }
         seconds = time.perf_counter() - started
@@ -57,7 +60,7 @@ def validate(
             "pairs_per_s": round(sum(min(len(h), VALIDATION_DEPTH) for h in hybrid.values()) / seconds, 1),
         }
         fused = {
-            qid: rerank_hits(dataset.queries[qid], hits, encoder, VALIDATION_DEPTH, settings.rrf_k)
+            qid: steps.apply(dataset.queries[qid], hits, scores[qid], RerankFusion.RRF)
             for qid, hits in hybrid.items()
         }
         figures[f"rerank-{precision.value}-rrf"] = _score(work / f"rerank-{precision.value}-rrf.trec", fused, dataset)
@@ -71,16 +74,26 @@ def _score(path: Path, results: dict[str, list[Hit]], dataset: BeirDataset) -> d
 
 
 def train_reranker(
-    dataset_dir: Path, split: str, out_dir: Path, config: TrainConfig, settings: Settings, log: Log
+    dataset_dir: Path,
+    split: str,
+    out_dir: Path,
+    config: TrainConfig,
+    log: Log,
+    *,
+    embedder: EmbedderParams,
+    index: IndexParams,
+    indexes_dir: Path,
+    retrieval: RetrievalParams,
+    rerank_rrf_k: int,
 ) -> dict:
     """Train a reranker on `split` of a BEIR folder; return the model card written."""
     if split == "test":
         raise DatasetError("refusing to train on test judgments; use a training split (e.g. --split train)")
     out_dir = Path(out_dir)
     dataset = load_beir(dataset_dir, split)
-    embedder = load_embedder(settings)
+    model = load_embedder(embedder)
     log(f"index of {dataset.name} ({len(dataset.corpus)} documents): building or reusing the cache")
-    pipeline = Pipeline.open(cached_index(dataset, settings, embedder), settings, embedder)
+    pipeline = Pipeline.open(cached_index(dataset, index, model, indexes_dir), model, retrieval)
     train_ids, val_ids = split_queries(list(dataset.queries), config.validation_fraction, config.seed)
     log(f"mining hard negatives: hybrid top {config.mining_depth} for {len(train_ids)} queries")
     candidates = {
@@ -108,7 +121,7 @@ def train_reranker(
     if val_ids:
         log(f"validating on {len(val_ids)} held-out {split} queries")
         work = out_dir.parent / f".{out_dir.name}.validation"
-        figures = validate(pipeline, subset(dataset, val_ids), out_dir, settings, work)
+        figures = validate(pipeline, subset(dataset, val_ids), out_dir, rerank_rrf_k, config.threads, work)
         card = {**read_card(out_dir), "validation": {"queries": len(val_ids), "depth": VALIDATION_DEPTH, **figures}}
         atomic.write_bytes(out_dir / CARD_FILE, (json.dumps(card, indent=2) + "\n").encode("utf-8"))
         for path in work.glob("*.trec"):

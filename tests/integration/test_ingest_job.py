@@ -28,7 +28,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.errors import DocumentReadError
 from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
 from llmframe_ray.models.embedder import load_embedder
-from llmframe_ray.pipeline import Pipeline
+from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.types import SearchMode
 
 ray = pytest.importorskip("ray")
@@ -78,7 +78,7 @@ def queries(n: int = 12, seed: int = 3) -> list[str]:
 
 def rankings(index_dir: Path, settings, embedder, mode: SearchMode, k: int = 10):
     """Per query: the chunk ids ranked, and their scores."""
-    pipeline = Pipeline.open(index_dir, settings, embedder)
+    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
     results = pipeline.search_batch(queries(), mode, k, "chunk")
     return [[h.chunk_id for h in hits] for hits in results], [[h.score for h in hits] for hits in results]
 
@@ -102,13 +102,13 @@ def inode(path: Path) -> int:
 
 def test_sharded_index_ranks_exactly_like_one_shard(cluster, settings, tmp_path):
     write_corpus(tmp_path / "src", 40)
-    one = ingest([tmp_path / "src"], tmp_path / "one", settings, shards=1, log=lambda _: None)
-    four = ingest([tmp_path / "src"], tmp_path / "four", settings, shards=4, log=lambda _: None)
+    one = ingest([tmp_path / "src"], tmp_path / "one", settings.params(), shards=1, log=lambda _: None)
+    four = ingest([tmp_path / "src"], tmp_path / "four", settings.params(), shards=4, log=lambda _: None)
     assert one.exit_code == four.exit_code == 0
     loaded = IndexDirectory(tmp_path / "four").load()
     assert len(loaded.shards) == 4
     assert sum(len(s) for s in loaded.shards) == len(IndexDirectory(tmp_path / "one").load().shards[0])
-    embedder = load_embedder(settings)
+    embedder = load_embedder(settings.params().embedder)
     for mode in (SearchMode.BM25, SearchMode.DENSE, SearchMode.HYBRID):
         assert_same_rankings(tmp_path / "four", tmp_path / "one", settings, embedder, mode)
     # every document sits in the shard its id hashes to
@@ -118,13 +118,13 @@ def test_sharded_index_ranks_exactly_like_one_shard(cluster, settings, tmp_path)
 
 def test_upsert_and_delete_rebuild_only_the_affected_shard(cluster, settings, tmp_path):
     docs = write_corpus(tmp_path / "src", 30)
-    first = ingest([tmp_path / "src"], tmp_path / "idx", settings, shards=3, log=lambda _: None)
+    first = ingest([tmp_path / "src"], tmp_path / "idx", settings.params(), shards=3, log=lambda _: None)
     directory = IndexDirectory(tmp_path / "idx")
     v1 = directory.load()
 
     edited = "note-004.md"
     (tmp_path / "src" / edited).write_text(docs[edited].replace("# Note 4", "# Note 4 (revised)") + "Kalane kalane.\n")
-    second = ingest([tmp_path / "src"], tmp_path / "idx", settings, log=lambda _: None)
+    second = ingest([tmp_path / "src"], tmp_path / "idx", settings.params(), log=lambda _: None)
     assert second.plan.replaced == (edited,) and second.plan.added == ()
     assert len(second.plan.unchanged) == 29
     target = shard_of(edited, 3)
@@ -140,7 +140,7 @@ def test_upsert_and_delete_rebuild_only_the_affected_shard(cluster, settings, tm
     assert texts == ["Note 4 (revised)"]
 
     gone = "note-011.md"
-    third = ingest([], tmp_path / "idx", settings, deletes=[gone, "no-such-doc"], log=lambda _: None)
+    third = ingest([], tmp_path / "idx", settings.params(), deletes=[gone, "no-such-doc"], log=lambda _: None)
     assert third.plan.deleted == (gone,) and third.plan.not_found == ("no-such-doc",)
     assert third.plan.changed_shards == [shard_of(gone, 3)] and third.chunks_embedded == 0
     v3 = directory.load()
@@ -149,13 +149,13 @@ def test_upsert_and_delete_rebuild_only_the_affected_shard(cluster, settings, tm
 
     # the result equals a clean build of the same documents
     (tmp_path / "src" / gone).unlink()
-    ingest([tmp_path / "src"], tmp_path / "clean", settings, shards=3, log=lambda _: None)
-    embedder = load_embedder(settings)
+    ingest([tmp_path / "src"], tmp_path / "clean", settings.params(), shards=3, log=lambda _: None)
+    embedder = load_embedder(settings.params().embedder)
     for mode in (SearchMode.BM25, SearchMode.HYBRID):
         assert_same_rankings(tmp_path / "idx", tmp_path / "clean", settings, embedder, mode)
 
     # re-ingesting unchanged sources publishes nothing
-    fourth = ingest([tmp_path / "src"], tmp_path / "idx", settings, log=lambda _: None)
+    fourth = ingest([tmp_path / "src"], tmp_path / "idx", settings.params(), log=lambda _: None)
     assert fourth.version is None and directory.current_version() == v3.version
 
 
@@ -167,7 +167,7 @@ def test_bad_files_are_skipped_and_reported(cluster, settings, tmp_path):
     (src / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
     (src / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
     (src / "corpus.jsonl").write_text('{"_id": "j1", "text": "Kalane mosteira."}\n{not json\n{"_id": "j1", "text": "again"}\n')
-    result = ingest([src], tmp_path / "idx", settings, shards=2, log=lambda _: None)
+    result = ingest([src], tmp_path / "idx", settings.params(), shards=2, log=lambda _: None)
     assert result.exit_code == 3
     reasons = {(Path(s.path).name, s.line): s.reason for s in result.skipped}
     assert reasons[("binary.txt", 0)] == "binary file"
@@ -186,19 +186,19 @@ def test_bad_files_are_skipped_and_reported(cluster, settings, tmp_path):
 
 def test_a_missing_source_is_an_error_before_any_work(cluster, settings, tmp_path):
     with pytest.raises(DocumentReadError, match="no such file, folder or glob match"):
-        ingest([tmp_path / "nope"], tmp_path / "idx", settings, log=lambda _: None)
+        ingest([tmp_path / "nope"], tmp_path / "idx", settings.params(), log=lambda _: None)
     assert not (tmp_path / "idx").exists()
     write_corpus(tmp_path / "src", 3)
-    ingest([tmp_path / "src"], tmp_path / "idx2", settings, shards=2, log=lambda _: None)
+    ingest([tmp_path / "src"], tmp_path / "idx2", settings.params(), shards=2, log=lambda _: None)
     with pytest.raises(PlanError, match="the index has 2 shards; ingest into it with --shards 2"):
-        ingest([tmp_path / "src"], tmp_path / "idx2", settings, shards=3, log=lambda _: None)
+        ingest([tmp_path / "src"], tmp_path / "idx2", settings.params(), shards=3, log=lambda _: None)
 
 
 def test_a_driver_killed_mid_embedding_is_completed_by_running_it_again(cluster, settings, tmp_path):
     src = tmp_path / "src"
     write_corpus(src, 12, seed=1)
     index = tmp_path / "idx"
-    ingest([src], index, settings, shards=3, log=lambda _: None)
+    ingest([src], index, settings.params(), shards=3, log=lambda _: None)
     directory = IndexDirectory(index)
     before = directory.current_version()
     write_corpus(src, 160, seed=2)  # replaces the 12 and adds 148
@@ -242,13 +242,13 @@ def test_a_driver_killed_mid_embedding_is_completed_by_running_it_again(cluster,
     assert failures == []
     assert len(seen) > 10 and {v for v, _ in seen} <= {before, directory.current_version()}
 
-    clean = ingest([src], tmp_path / "clean", settings, shards=3, log=lambda _: None)
+    clean = ingest([src], tmp_path / "clean", settings.params(), shards=3, log=lambda _: None)
     assert embedded_again + reused == clean.chunks_embedded
     got, want = directory.load(), IndexDirectory(tmp_path / "clean").load()
     assert got.shard_ids == want.shard_ids == (0, 1, 2)
     for a, b in zip(got.shards, want.shards):
         assert [c.chunk_id for c in a.store] == [c.chunk_id for c in b.store]
         assert np.allclose(a.dense.vectors(range(len(a))), b.dense.vectors(range(len(b))), atol=1e-5)
-    embedder = load_embedder(settings)
+    embedder = load_embedder(settings.params().embedder)
     for mode in (SearchMode.BM25, SearchMode.HYBRID):
         assert_same_rankings(index, tmp_path / "clean", settings, embedder, mode)

@@ -15,10 +15,10 @@ import pytest
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.index.versions import IndexDirectory
-from llmframe_ray.indexing import build_index
+from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import OnnxEmbedder
-from llmframe_ray.pipeline import Pipeline
+from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.types import Document
 from tests.serving import running_app
 
@@ -72,7 +72,7 @@ def app(tmp_path_factory, model_dir, tiny_reranker_dir):
         "fusion_depth": 10, "index_watch_interval_s": 0.5,
     }
     index_dir = tmp_path_factory.mktemp("serve") / "index"
-    build_index(DOCS, index_dir, load_settings(**overrides), OnnxEmbedder(model_dir, threads=2), shards=2)
+    build_index(DOCS, index_dir, load_settings(**overrides).params().index, OnnxEmbedder(model_dir, threads=2), shards=2)
     with running_app(index_dir, overrides, reranker=True) as url:
         yield App(url, index_dir, overrides)
 
@@ -89,7 +89,8 @@ def in_process(app, model_dir, tiny_reranker_dir) -> tuple[Pipeline, str]:
     loaded = IndexDirectory(app.index_dir).load()
     embedder = OnnxEmbedder(model_dir, threads=1)  # QueryEncoder: 0.5 CPU -> 1 thread
     reranker = CrossEncoder(tiny_reranker_dir, threads=1, batch_size=settings.reranker_batch_size)
-    return Pipeline(loaded.shards, embedder, settings, reranker), loaded.version
+    params = settings.params()
+    return Pipeline(loaded.shards, embedder, params.retrieval, reranker, params.rerank), loaded.version
 
 
 def served_hits(response: httpx.Response) -> list[tuple]:
@@ -197,10 +198,10 @@ def test_version_switch_under_load_drops_nothing(app, client, model_dir):
     try:
         wait_for(lambda: len(results) >= 20, 60, "requests on the old version")
         # a version with another shard count cannot be served by this deployment: it is refused
-        wrong = build_index(DOCS + [NEW_DOC], app.index_dir, settings, embedder, shards=3)
+        wrong = build_index(DOCS + [NEW_DOC], app.index_dir, settings.params().index, embedder, shards=3)
         wait_for(lambda: (client.get("/v1/index", headers=AUTH).json()["problem"] or "").startswith(f"version {wrong} is not served"), 30, "the refusal")
         assert client.get("/v1/index", headers=AUTH).json()["version"] == old
-        new = build_index(DOCS + [NEW_DOC], app.index_dir, settings, embedder, shards=2)
+        new = build_index(DOCS + [NEW_DOC], app.index_dir, settings.params().index, embedder, shards=2)
         wait_for(lambda: any(v == new for _, v, _ in results[-8:]), 60, "requests on the new version")
         count = len(results)
         wait_for(lambda: len(results) >= count + 20, 60, "more requests on the new version")

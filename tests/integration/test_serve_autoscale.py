@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from llmframe_ray.config import load_settings
-from llmframe_ray.indexing import build_index
+from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.types import Document
 
@@ -53,7 +53,7 @@ def test_reranker_scales_up_under_load_and_back_down(tmp_path, model_dir, tiny_r
     from llmframe_ray.serve.app import AppArgs, build_app
 
     index = tmp_path / "index"
-    build_index(DOCS, index, load_settings(), OnnxEmbedder(model_dir, threads=2))
+    build_index(DOCS, index, load_settings().params().index, OnnxEmbedder(model_dir, threads=2))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address, log_to_driver=False)

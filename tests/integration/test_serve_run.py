@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from llmframe_ray.config import load_settings
-from llmframe_ray.indexing import build_index
+from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.types import Document
 
@@ -43,7 +43,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, model_dir) -> Path:
     root = tmp_path_factory.mktemp("served") / "index"
-    build_index(DOCS, root, load_settings(), OnnxEmbedder(model_dir, threads=2), shards=2)
+    build_index(DOCS, root, load_settings().params().index, OnnxEmbedder(model_dir, threads=2), shards=2)
     return root
 
 

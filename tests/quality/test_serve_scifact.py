@@ -11,7 +11,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.eval.beir import load_beir
 from llmframe_ray.eval.runner import cached_index
 from llmframe_ray.models.embedder import OnnxEmbedder
-from llmframe_ray.pipeline import Pipeline
+from llmframe_ray.retrieve.pipeline import Pipeline
 from tests.conftest import SHARED_EVAL
 from tests.serving import running_app
 
@@ -25,8 +25,8 @@ def test_served_search_equals_pipeline_on_scifact(model_dir, embedder):
         pytest.fail(f"{SCIFACT} is missing: the quality test needs ../shared/eval beside the checkout")
     settings = load_settings()
     dataset = load_beir(SCIFACT)
-    index = cached_index(dataset, settings, embedder)
-    pipeline = Pipeline.open(index, settings, OnnxEmbedder(model_dir, threads=1))
+    index = cached_index(dataset, settings.params().index, embedder, settings.indexes_dir)
+    pipeline = Pipeline.open(index, OnnxEmbedder(model_dir, threads=1), settings.params().retrieval)
     mismatches = []
     with running_app(index, {"api_secret_key": KEY}) as url, httpx.Client(base_url=url, timeout=120) as client:
         for mode in ("bm25", "dense", "hybrid"):

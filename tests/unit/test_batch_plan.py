@@ -3,7 +3,7 @@
 import pytest
 
 from llmframe_ray.batch.plan import (
-    PlanError, chunk_fingerprint, chunk_from_json, chunk_to_json, doc_fingerprint, make_plan, shard_of,
+    PlanError, chunk_fingerprint, doc_fingerprint, make_plan, shard_of,
     stored_fingerprints,
 )
 from llmframe_ray.types import Chunk
@@ -22,7 +22,7 @@ def test_routing_is_stable_and_spreads_documents():
 
 def test_fingerprints_cover_every_stored_field():
     chunk = Chunk("d#0-aa", "d", 0, "text", title="T", start=0, end=4, n_tokens=1)
-    assert chunk_from_json(chunk_to_json(chunk)) == chunk
+    assert Chunk.from_json(chunk.to_json()) == chunk
     retitled = Chunk("d#0-aa", "d", 0, "text", title="U", start=0, end=4, n_tokens=1)
     assert chunk_fingerprint(chunk) != chunk_fingerprint(retitled)
     second = Chunk("d#1-bb", "d", 1, "more", title="T", start=5, end=9, n_tokens=1)

@@ -11,12 +11,12 @@ import pytest
 import uvicorn
 
 from llmframe_ray.config import load_settings
-from llmframe_ray.indexing import build_index
-from llmframe_ray.pipeline import Pipeline
-from llmframe_ray.serve.auth import ApiKeys
-from llmframe_ray.serve.http import create_app
-from llmframe_ray.serve.local import LocalStages
-from llmframe_ray.serve.service import RagService
+from llmframe_ray.ingest.build import build_index
+from llmframe_ray.retrieve.pipeline import Pipeline
+from llmframe_ray.api.auth import ApiKeys
+from llmframe_ray.api.http import create_app
+from llmframe_ray.api.local import LocalStages
+from llmframe_ray.api.service import RagService
 from llmframe_ray.types import Document
 
 KEY = "chat-key"
@@ -31,11 +31,11 @@ DOCS = [
 def server(tmp_path_factory, embedder):
     settings = load_settings(api_secret_key=KEY, llm_providers="extractive")
     index = tmp_path_factory.mktemp("chat") / "index"
-    build_index(DOCS, index, settings, embedder)
+    build_index(DOCS, index, settings.params().index, embedder)
     from llmframe_ray.index.versions import IndexDirectory
 
-    stages = LocalStages(index, Pipeline.open(index, settings, embedder), IndexDirectory(index).current_version())
-    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    stages = LocalStages(index, Pipeline.open(index, embedder, settings.params().retrieval), IndexDirectory(index).current_version())
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -110,13 +110,13 @@ def test_query_sessions_carry_the_conversation(server):
 def test_sessions_are_kept_per_api_key(tmp_path, embedder):
     settings = load_settings(api_keys="key-a,key-b", llm_providers="extractive")
     index = tmp_path / "index"
-    build_index(DOCS, index, settings, embedder)
+    build_index(DOCS, index, settings.params().index, embedder)
     from fastapi.testclient import TestClient
 
     from llmframe_ray.index.versions import IndexDirectory
 
-    stages = LocalStages(index, Pipeline.open(index, settings, embedder), IndexDirectory(index).current_version())
-    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    stages = LocalStages(index, Pipeline.open(index, embedder, settings.params().retrieval), IndexDirectory(index).current_version())
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
     with TestClient(app) as c:
         c.post("/v1/query", headers={"X-API-Key": "key-a"}, json={"question": "What drives the ocean tides?", "session_id": "shared"})
         assert len(stages.sessions) == 1
@@ -144,9 +144,9 @@ def test_provider_failures_are_502_without_vendor_details(tmp_path, embedder):
 
     settings = load_settings(api_secret_key=KEY)
     index = tmp_path / "index"
-    build_index(DOCS, index, settings, embedder)
-    stages = LocalStages(index, Pipeline.open(index, settings, embedder), IndexDirectory(index).current_version(), provider=Refusing())
-    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    build_index(DOCS, index, settings.params().index, embedder)
+    stages = LocalStages(index, Pipeline.open(index, embedder, settings.params().retrieval), IndexDirectory(index).current_version(), provider=Refusing())
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
     with TestClient(app) as c:
         for body in ({"question": "tides?"}, {"question": "tides?", "stream": True}):
             response = c.post("/v1/query", headers={"X-API-Key": KEY}, json=body)
@@ -174,10 +174,10 @@ def test_a_follow_up_is_sent_with_the_earlier_turn(tmp_path, embedder):
 
     settings = load_settings(api_secret_key=KEY)
     index = tmp_path / "index"
-    build_index(DOCS, index, settings, embedder)
+    build_index(DOCS, index, settings.params().index, embedder)
     provider = Recording()
-    stages = LocalStages(index, Pipeline.open(index, settings, embedder), IndexDirectory(index).current_version(), provider=provider)
-    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    stages = LocalStages(index, Pipeline.open(index, embedder, settings.params().retrieval), IndexDirectory(index).current_version(), provider=provider)
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
     with TestClient(app) as c:
         first = c.post("/v1/query", headers={"X-API-Key": KEY}, json={"question": "What drives the tides?", "session_id": "t"}).json()
         c.post("/v1/query", headers={"X-API-Key": KEY}, json={"question": "And bread?", "session_id": "t"})

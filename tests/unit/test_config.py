@@ -2,7 +2,9 @@ import os
 
 import pytest
 
-from llmframe_ray.config import DenseIndexKind, EmbeddingProvider, load_settings
+from llmframe_ray.config import load_settings
+from llmframe_ray.index.dense import DenseIndexKind
+from llmframe_ray.models.embedder import EmbeddingProvider
 from llmframe_ray.errors import ConfigError
 from llmframe_ray.types import SearchMode
 

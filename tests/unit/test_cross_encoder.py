@@ -220,7 +220,7 @@ def test_download_from_hub_then_offline(hub, tmp_path, model_folder, monkeypatch
     settings = load_settings(home=tmp_path.parent / tmp_path.name, reranker_model="acme/tiny-reranker")
     settings_models = settings.models_dir
     shutil.copytree(tmp_path / "hub", settings_models / "hub")
-    encoder = load_reranker(settings)
+    encoder = load_reranker(settings.params().reranker_model)
     assert _FakeHub.seen == []
     np.testing.assert_allclose(
         encoder.score_pairs(PAIRS[:2]),
@@ -286,7 +286,7 @@ def test_postprocess_heads():
 def test_int8_of_a_hub_model_needs_its_quantised_file(hub, tmp_path):
     settings = load_settings(home=tmp_path, reranker_model="acme/tiny-reranker", reranker_precision="int8")
     with pytest.raises(ModelError) as err:
-        load_reranker(settings)
+        load_reranker(settings.params().reranker_model)
     assert str(err.value) == (
         "int8 precision for hub repo acme/tiny-reranker@main needs its quantised ONNX file: "
         "set LLMFRAME_RERANKER_ONNX_FILE to that file's path in the repo"

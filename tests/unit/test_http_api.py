@@ -11,12 +11,12 @@ from fastapi.testclient import TestClient
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.errors import ConfigError
-from llmframe_ray.indexing import build_index
-from llmframe_ray.pipeline import Pipeline
-from llmframe_ray.serve.auth import ApiKeys, presented_key
-from llmframe_ray.serve.http import create_app
-from llmframe_ray.serve.local import LocalStages
-from llmframe_ray.serve.service import RagService
+from llmframe_ray.ingest.build import build_index
+from llmframe_ray.retrieve.pipeline import Pipeline
+from llmframe_ray.api.auth import ApiKeys, presented_key
+from llmframe_ray.api.http import create_app
+from llmframe_ray.api.local import LocalStages
+from llmframe_ray.api.service import RagService
 from llmframe_ray.types import Document
 
 KEY = "test-key-0123456789"
@@ -51,13 +51,13 @@ def settings():
 @pytest.fixture(scope="module")
 def index_dir(tmp_path_factory, settings, embedder):
     root = tmp_path_factory.mktemp("api") / "index"
-    build_index(DOCS, root, settings, embedder)
+    build_index(DOCS, root, settings.params().index, embedder)
     return root
 
 
 @pytest.fixture(scope="module")
 def pipeline(index_dir, settings, embedder):
-    return Pipeline.open(index_dir, settings, embedder, LengthReranker())
+    return Pipeline.open(index_dir, embedder, settings.params().retrieval, reranker=LengthReranker(), rerank=settings.params().rerank)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def client(index_dir, settings, pipeline):
     from llmframe_ray.index.versions import IndexDirectory
 
     stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), LengthReranker())
-    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
     with TestClient(app) as test_client:
         yield test_client
 
@@ -185,7 +185,7 @@ def test_413_for_an_oversized_chunked_body(client):
 
 def test_rerank_without_a_reranker_is_422(index_dir, settings, pipeline):
     stages = LocalStages(index_dir, pipeline, "v", None)
-    app = create_app(RagService(stages, settings), ApiKeys.from_settings(settings), settings)
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
     with TestClient(app) as plain:
         response = plain.post("/v1/search", headers=AUTH, json={"query": "moon", "rerank": True})
     assert response.status_code == 422
@@ -239,11 +239,11 @@ def test_openapi_schema_lists_the_routes(client):
 
 def test_keys_from_settings(caplog):
     with pytest.raises(ConfigError, match="no API key is configured: set API_SECRET_KEY"):
-        ApiKeys.from_settings(load_settings(api_secret_key=None, api_keys=None, auth_disabled=False))
-    keys = ApiKeys.from_settings(load_settings(api_secret_key="a-key", api_keys=" b-key, ,c-key"))
+        ApiKeys.configured((), disabled=False)
+    keys = ApiKeys.configured(load_settings(api_secret_key="a-key", api_keys=" b-key, ,c-key").api_key_list)
     assert [keys.allows(k) for k in ("a-key", "b-key", "c-key", "d-key", "", None, "a-ke")] == [True, True, True, False, False, False, False]
     with caplog.at_level(logging.WARNING):
-        open_keys = ApiKeys.from_settings(load_settings(auth_disabled=True))
+        open_keys = ApiKeys.configured((), disabled=True)
     assert open_keys.allows(None)
     assert "authentication is DISABLED" in caplog.text
 
@@ -266,7 +266,7 @@ def test_errors_and_hits_survive_pickling():
     import pickle
 
     from llmframe_ray.errors import EmptyQueryError, QueryTooLongError
-    from llmframe_ray.serve.service import FieldError
+    from llmframe_ray.api.service import FieldError
     from llmframe_ray.types import Hit
 
     too_long = pickle.loads(pickle.dumps(QueryTooLongError(300, 256)))
@@ -288,7 +288,7 @@ def test_errors_and_hits_survive_pickling():
     ],
 )
 def test_stage_failures_are_json_errors(index_dir, settings, pipeline, error, status, kind, message):
-    from llmframe_ray.serve.service import StageUnavailableError
+    from llmframe_ray.api.service import StageUnavailableError
 
     class Failing(LocalStages):
         async def retrieve(self, *args, **kwargs):
@@ -296,7 +296,7 @@ def test_stage_failures_are_json_errors(index_dir, settings, pipeline, error, st
                 raise StageUnavailableError("the retriever stage is unavailable: replica died")
             raise error
 
-    app = create_app(RagService(Failing(index_dir, pipeline, "v"), settings), ApiKeys.from_settings(settings), settings)
+    app = create_app(RagService(Failing(index_dir, pipeline, "v"), settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
     with TestClient(app, raise_server_exceptions=False) as failing:
         response = failing.post("/v1/search", headers=AUTH, json={"query": "moon"})
     assert response.status_code == status

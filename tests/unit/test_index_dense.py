@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmframe_ray.config import DenseIndexKind, Settings
+from llmframe_ray.config import Settings
+from llmframe_ray.index.dense import DenseIndexKind
 from llmframe_ray.index.dense import DenseIndex, DenseParams
 
 
@@ -136,7 +137,7 @@ def test_params_validation_and_settings():
     with pytest.raises(ValueError, match="hnsw_m must be a positive integer, got 0"):
         DenseParams(hnsw_m=0)
     settings = Settings(dense_index="hnsw", hnsw_m=8, hnsw_ef_search=40, ivf_nlist=7, ivf_nprobe=3)
-    params = DenseParams.from_settings(settings)
+    params = settings.params().index.dense
     assert params == DenseParams(
         kind=DenseIndexKind.HNSW,
         hnsw_m=8,

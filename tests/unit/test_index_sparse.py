@@ -174,7 +174,7 @@ def test_params_validation_and_settings():
     with pytest.raises(ValueError, match="b must be between 0 and 1, got 1.5"):
         SparseParams(b=1.5)
     settings = Settings(bm25_k1=1.2, bm25_b=0.5, bm25_stemmer=None, bm25_stopwords="de")
-    params = SparseParams.from_settings(settings)
+    params = settings.params().index.sparse
     assert params == SparseParams(k1=1.2, b=0.5, stemmer=None, stopwords="de")
     assert SparseParams.from_dict(params.to_dict()) == params
 

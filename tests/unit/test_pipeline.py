@@ -5,8 +5,8 @@ import pytest
 from llmframe_ray.config import load_settings
 from llmframe_ray.errors import EmptyQueryError, ModelError, QueryTooLongError
 from llmframe_ray.index.versions import IndexDirectory
-from llmframe_ray.indexing import build_index, build_shard, chunk_documents, embed_chunks, make_chunker
-from llmframe_ray.pipeline import Pipeline, ResultLevel
+from llmframe_ray.ingest.build import build_index, build_shard, chunk_documents, embed_chunks, make_chunker
+from llmframe_ray.retrieve.pipeline import Pipeline, ResultLevel
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
 from llmframe_ray.types import Document, RankedList, SearchMode
 
@@ -39,13 +39,13 @@ def settings():
 @pytest.fixture(scope="module")
 def index_dir(tmp_path_factory, settings, embedder):
     root = tmp_path_factory.mktemp("pipeline-index")
-    build_index(DOCS, root, settings, embedder)
+    build_index(DOCS, root, settings.params().index, embedder)
     return root
 
 
 @pytest.fixture(scope="module")
 def pipeline(index_dir, settings, embedder):
-    return Pipeline.open(index_dir, settings, embedder)
+    return Pipeline.open(index_dir, embedder, settings.params().retrieval)
 
 
 def test_long_document_is_chunked_and_aggregated(pipeline):
@@ -110,8 +110,8 @@ def test_batch_equals_one_by_one(pipeline):
 
 
 def test_default_mode_follows_hybrid_switch(index_dir, embedder):
-    on = Pipeline.open(index_dir, load_settings(hybrid_search_enabled=True), embedder)
-    off = Pipeline.open(index_dir, load_settings(hybrid_search_enabled=False), embedder)
+    on = Pipeline.open(index_dir, embedder, load_settings(hybrid_search_enabled=True).params().retrieval)
+    off = Pipeline.open(index_dir, embedder, load_settings(hybrid_search_enabled=False).params().retrieval)
     assert on.default_mode is SearchMode.HYBRID and off.default_mode is SearchMode.DENSE
     assert set(on.search("lava")[0].ranks) == {"bm25", "dense"}
     assert set(off.search("lava")[0].ranks) == {"dense"}
@@ -146,7 +146,7 @@ def test_unknown_mode_and_level_and_top_k(pipeline):
 
 
 def test_bm25_only_pipeline_needs_no_embedder(index_dir, settings):
-    p = Pipeline.open(index_dir, settings, None)
+    p = Pipeline.open(index_dir, None, settings.params().retrieval)
     assert p.search("sourdough", "bm25")[0].doc_id == "baking"
     with pytest.raises(ModelError, match="mode 'dense' needs an embedder"):
         p.search("sourdough", "dense")
@@ -160,20 +160,20 @@ def test_embedder_that_does_not_match_index(index_dir, settings, embedder):
             return {"name": self.name, "dim": self.dim}
 
     with pytest.raises(ModelError) as err:
-        Pipeline.open(index_dir, settings, Other())
+        Pipeline.open(index_dir, Other(), settings.params().retrieval)
     assert "built with embedding model 'all-MiniLM-L6-v2' (dim 384)" in str(err.value)
 
 
 def test_two_shards_rank_like_one_for_dense(tmp_path, settings, embedder):
-    chunks = chunk_documents(DOCS, make_chunker(settings, embedder))
+    chunks = chunk_documents(DOCS, make_chunker(settings.params().index, embedder))
     vectors = embed_chunks(chunks, embedder)
     by_doc = [i for i, c in enumerate(chunks) if c.doc_id in {"bikes", "charger", "volcano", "long"}]
     rest = [i for i in range(len(chunks)) if i not in set(by_doc)]
     shards = [
-        build_shard([chunks[i] for i in rows], vectors[rows], embedder, settings) for rows in (by_doc, rest)
+        build_shard([chunks[i] for i in rows], vectors[rows], settings.params().index, embedder.info()) for rows in (by_doc, rest)
     ]
-    one = Pipeline([build_shard(chunks, vectors, embedder, settings)], embedder, settings)
-    two = Pipeline(shards, embedder, settings)
+    one = Pipeline([build_shard(chunks, vectors, settings.params().index, embedder.info())], embedder, settings.params().retrieval)
+    two = Pipeline(shards, embedder, settings.params().retrieval)
     for query in ["ice", "bread", "moon", "USB-C adapter"]:
         for level in ResultLevel:
             a = one.search(query, "dense", top_k=6, level=level)
@@ -215,11 +215,11 @@ class LengthScorer:
 
 def test_rerank_reorders_the_hybrid_head(index_dir, embedder):
     settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, reranker_fusion="none")
-    pipeline = Pipeline.open(index_dir, settings, embedder, reranker=LengthScorer())
+    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval, reranker=LengthScorer(), rerank=settings.params().rerank)
     query = "moon and ocean tides"
     hybrid = pipeline.search(query, SearchMode.HYBRID, top_k=6)
     reranked = pipeline.search(query, SearchMode.HYBRID, top_k=6, rerank=True)
-    head = sorted(hybrid[:4], key=lambda h: -len(f"{h.title}\n{h.text}"))
+    head = sorted(hybrid[:4], key=lambda h: -len(h.passage))
     assert [h.chunk_id for h in reranked] == [h.chunk_id for h in head + hybrid[4:]]
     assert [h.rank for h in reranked] == [1, 2, 3, 4, 5, 6]
     assert [h.ranks["rerank"] for h in reranked[:4]] == [1, 2, 3, 4]
@@ -229,12 +229,12 @@ def test_rerank_reorders_the_hybrid_head(index_dir, embedder):
 
 def test_rerank_fused_with_the_first_stage_order(index_dir, embedder):
     settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, rrf_k=20)
-    assert settings.reranker_fusion_k == 20
-    pipeline = Pipeline.open(index_dir, settings, embedder, reranker=LengthScorer())
+    assert settings.params().rerank.rrf_k == 20
+    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval, reranker=LengthScorer(), rerank=settings.params().rerank)
     query = "moon and ocean tides"
     hybrid = pipeline.search(query, SearchMode.HYBRID, top_k=6)
     reranked = pipeline.search(query, SearchMode.HYBRID, top_k=6, rerank=True)
-    by_length = sorted(range(4), key=lambda i: -len(f"{hybrid[i].title}\n{hybrid[i].text}"))
+    by_length = sorted(range(4), key=lambda i: -len(hybrid[i].passage))
     own = {i: pos for pos, i in enumerate(by_length, 1)}
     fused = {i: 1 / (20 + own[i]) + 1 / (20 + i + 1) for i in range(4)}
     # equal fused scores: the better single rank first, then the incoming position
@@ -246,23 +246,23 @@ def test_rerank_fused_with_the_first_stage_order(index_dir, embedder):
 
 def test_reranker_enabled_switch(index_dir, embedder):
     on = load_settings(chunk_size=64, chunk_overlap=8, reranker_enabled=True, reranker_depth=3)
-    pipeline = Pipeline.open(index_dir, on, embedder, reranker=LengthScorer())
+    pipeline = Pipeline.open(index_dir, embedder, on.params().retrieval, reranker=LengthScorer(), rerank=on.params().rerank)
     assert "rerank" in pipeline.search("lava")[0].ranks
     assert "rerank" not in pipeline.search("lava", rerank=False)[0].ranks
     with pytest.raises(ModelError, match="reranking was asked for but no reranker is loaded"):
-        Pipeline.open(index_dir, on, embedder).search("lava")
+        Pipeline.open(index_dir, embedder, on.params().retrieval, rerank=on.params().rerank).search("lava")
 
 
 def test_sharded_build_ranks_like_one_shard(tmp_path, settings, embedder, pipeline):
     from llmframe_ray.index.shard import shard_of
 
     root = tmp_path / "three"
-    build_index(DOCS, root, settings, embedder, shards=3)
+    build_index(DOCS, root, settings.params().index, embedder, shards=3)
     loaded = IndexDirectory(root).load()
     assert len(loaded.shards) + len(loaded.info["empty_shards"]) == 3
     for shard_id, shard in zip(loaded.shard_ids, loaded.shards):
         assert {shard.doc_id(r) for r in range(len(shard))} == {d.doc_id for d in DOCS if shard_of(d.doc_id, 3) == shard_id}
-    sharded = Pipeline(loaded.shards, embedder, settings)
+    sharded = Pipeline(loaded.shards, embedder, settings.params().retrieval)
     for query in ("moon and tides", "sourdough bread yeast", "ZQ7731", "glaciers"):
         for mode in ("bm25", "dense", "hybrid"):
             expected = [(h.doc_id, h.chunk_id, round(h.score, 5)) for h in pipeline.search(query, mode, 5)]

@@ -91,16 +91,16 @@ def test_stream_falls_back_before_the_first_token_only():
 
 
 def test_chain_from_settings():
-    assert provider_names(load_settings(anthropic_api_key=None, openai_api_key=None)) == ["extractive"]
-    assert provider_names(load_settings(anthropic_api_key="a", openai_api_key="o")) == ["anthropic", "openai", "extractive"]
-    assert provider_names(load_settings(llm_providers="openai,anthropic", anthropic_api_key="a", openai_api_key="o")) == ["openai", "anthropic"]
+    assert provider_names(load_settings(anthropic_api_key=None, openai_api_key=None).params().providers) == ["extractive"]
+    assert provider_names(load_settings(anthropic_api_key="a", openai_api_key="o").params().providers) == ["anthropic", "openai", "extractive"]
+    assert provider_names(load_settings(llm_providers="openai,anthropic", anthropic_api_key="a", openai_api_key="o").params().providers) == ["openai", "anthropic"]
     with pytest.raises(ConfigError, match="LLM_PROVIDERS lists anthropic but ANTHROPIC_API_KEY is not set"):
-        provider_names(load_settings(llm_providers="anthropic,extractive", anthropic_api_key=None))
+        provider_names(load_settings(llm_providers="anthropic,extractive", anthropic_api_key=None).params().providers)
     with pytest.raises(ConfigError, match="unknown provider"):
-        provider_names(load_settings(llm_providers="claude"))
+        provider_names(load_settings(llm_providers="claude").params().providers)
     with pytest.raises(ConfigError, match="names a provider twice"):
-        provider_names(load_settings(llm_providers="extractive,extractive"))
-    built = provider_chain(load_settings(anthropic_api_key="a", openai_api_key=None, anthropic_model="claude-x"))
+        provider_names(load_settings(llm_providers="extractive,extractive").params().providers)
+    built = provider_chain(load_settings(anthropic_api_key="a", openai_api_key=None, anthropic_model="claude-x").params().providers)
     assert [p.name for p in built.providers] == ["anthropic", "extractive"] and built.model == "claude-x"
 
 

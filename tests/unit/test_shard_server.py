@@ -4,8 +4,9 @@ import asyncio
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.index.versions import IndexDirectory
-from llmframe_ray.indexing import build_index
-from llmframe_ray.serve.shard_server import ShardServer
+from llmframe_ray.ingest.build import build_index
+from llmframe_ray.retrieve.plan import Ranker
+from llmframe_ray.retrieve.shard_cache import ShardCache
 from llmframe_ray.types import Document
 
 
@@ -15,9 +16,8 @@ def test_an_older_version_asked_for_again_is_loaded_and_served(tmp_path, embedde
     versions = []
     for n in range(3):
         docs = [Document(f"d{i}", text=f"a short note about {fruit}") for i, fruit in enumerate(["apple", "banana", "cherry", "damson"][: n + 2])]
-        versions.append(build_index(docs, root, settings, embedder))
-    server = ShardServer(str(root), 0, settings, keep_versions=2)
-    server.ranker = "bm25"
+        versions.append(build_index(docs, root, settings.params().index, embedder))
+    server = ShardCache(str(root), 0, Ranker.BM25, settings.params().retrieval, keep_versions=2)
     assert server.loaded_versions() == [versions[2]]
 
     async def sizes():

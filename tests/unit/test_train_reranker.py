@@ -57,6 +57,14 @@ def settings(tmp_path_factory, model_dir):
     return load_settings(home=home, num_threads=2)
 
 
+def train_params(settings):
+    params = settings.params()
+    return {
+        "embedder": params.embedder, "index": params.index, "indexes_dir": params.indexes_dir,
+        "retrieval": params.retrieval, "rerank_rrf_k": params.rerank.rrf_k,
+    }
+
+
 CONFIG = TrainConfig(
     epochs=1, seed=7, negatives=2, mining_depth=5, groups_per_step=2, max_length=48,
     validation_fraction=0.34, threads=2, max_steps=2,
@@ -66,7 +74,7 @@ CONFIG = TrainConfig(
 @pytest.fixture(scope="module")
 def trained(dataset_dir, settings, tmp_path_factory):
     out = tmp_path_factory.mktemp("models") / "tiny-reranker"
-    card = train_reranker(dataset_dir, "train", out, CONFIG, settings, lambda line: None)
+    card = train_reranker(dataset_dir, "train", out, CONFIG, lambda line: None, **train_params(settings))
     return out, card
 
 
@@ -90,7 +98,7 @@ def test_model_folder_and_card(trained, dataset_dir):
 def test_training_is_deterministic(trained, dataset_dir, settings, tmp_path):
     out, card = trained
     again = tmp_path / "again"
-    card2 = train_reranker(dataset_dir, "train", again, CONFIG, settings, lambda line: None)
+    card2 = train_reranker(dataset_dir, "train", again, CONFIG, lambda line: None, **train_params(settings))
     assert card2["loss_curve"] == card["loss_curve"]
     pairs = [("why do tides happen", t) for t in TOPICS.values()]
     a = CrossEncoder(out).score_pairs(pairs)
@@ -100,14 +108,14 @@ def test_training_is_deterministic(trained, dataset_dir, settings, tmp_path):
 
 def test_refuses_test_split(dataset_dir, settings, tmp_path):
     with pytest.raises(DatasetError, match="refusing to train on test judgments"):
-        train_reranker(dataset_dir, "test", tmp_path / "m", CONFIG, settings, lambda line: None)
+        train_reranker(dataset_dir, "test", tmp_path / "m", CONFIG, lambda line: None, **train_params(settings))
 
 
 def test_refuses_to_overwrite_a_folder_that_is_not_a_model(dataset_dir, settings, tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="is not a reranker folder; refusing to overwrite it"):
-        train_reranker(dataset_dir, "train", tmp_path / "notes", CONFIG, settings, lambda line: None)
+        train_reranker(dataset_dir, "train", tmp_path / "notes", CONFIG, lambda line: None, **train_params(settings))
     assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
 
 

@@ -14,7 +14,6 @@ import hmac
 import logging
 from typing import Mapping, Sequence
 
-from llmframe_ray.config import Settings
 from llmframe_ray.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -39,14 +38,16 @@ class ApiKeys:
         self._digests = tuple(_digest(k) for k in keys)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ApiKeys:
-        if settings.auth_disabled:
+    def configured(cls, keys: Sequence[str], *, disabled: bool = False) -> ApiKeys:
+        """The keys as configured (API_SECRET_KEY, LLMFRAME_API_KEYS, LLMFRAME_AUTH_DISABLED);
+        only their digests are kept, so this object can be handed to a replica."""
+        if disabled:
             logger.warning(
                 "authentication is DISABLED (LLMFRAME_AUTH_DISABLED=true): every request is "
                 "accepted; use this only on a trusted local machine"
             )
             return cls((), disabled=True)
-        return cls(settings.api_key_list)
+        return cls(keys)
 
     def allows(self, presented: str | None) -> bool:
         if self.disabled:

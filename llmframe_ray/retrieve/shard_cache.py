@@ -13,24 +13,27 @@ import asyncio
 from collections import OrderedDict
 from typing import Any, Sequence
 
-from llmframe_ray.config import Settings
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.versions import IndexDirectory
-from llmframe_ray.retrieve.plan import ShardFacts, ShardResults, search_shard
+from llmframe_ray.retrieve.params import RetrievalParams
+from llmframe_ray.retrieve.plan import Ranker, ShardFacts, ShardResults, search_shard
 from llmframe_ray.types import Chunk
 
 EMPTY = ShardFacts(size=0, n_tokens=0, corpus=None, model={})
 
 
-class ShardServer:
-    ranker: str = ""  # set by the deployment class: "dense" or "bm25"
+class ShardCache:
+    """The versions of one shard position that calls are using, loaded on first use."""
 
-    def __init__(self, index_dir: str, shard: int, settings: Settings, keep_versions: int = 2) -> None:
+    def __init__(
+        self, index_dir: str, shard: int, ranker: Ranker, params: RetrievalParams, keep_versions: int = 2
+    ) -> None:
         if keep_versions < 1:
             raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
         self.index = IndexDirectory(index_dir)
         self.shard = shard
-        self.settings = settings
+        self.ranker = Ranker.from_str(ranker)
+        self.params = params
         self.keep_versions = keep_versions
         self._loaded: OrderedDict[str, IndexShard | None] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -40,11 +43,7 @@ class ShardServer:
 
     def _load(self, version: str) -> IndexShard | None:
         shard = self.index.load_shard(version, self.shard)
-        if shard is not None:
-            shard.dense.set_search_params(
-                hnsw_ef_search=self.settings.hnsw_ef_search, ivf_nprobe=self.settings.ivf_nprobe
-            )
-        return shard
+        return None if shard is None else self.params.prepare(shard)
 
     def _remember(self, version: str, shard: IndexShard | None) -> None:
         """Keep `version`; forget the least recently used others beyond `keep_versions`."""
@@ -87,8 +86,4 @@ class ShardServer:
 
     def ready(self) -> str:
         return "ready"
-
-
-def shard_deployment_name(kind: str, shard: int) -> str:
-    return f"{kind}-{shard}"
 

@@ -8,74 +8,69 @@ The Serve Retriever runs the same plan with deployment handle calls.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
+import numpy as np
 
-from llmframe_ray.config import Settings
 from llmframe_ray.errors import IndexLoadError, ModelError
+from llmframe_ray.index.params import check_model
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import Embedder, check_query_text
+from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.plan import (
-    BM25,
-    DENSE,
-    Encode,
-    FusionSettings,
-    ReadChunks,
-    Request,
+    Ranker,
     ResultLevel,
-    SearchShard,
     ShardFacts,
+    ShardResults,
     bm25_consistency_problem,
     retrieval_plan,
     run_plan,
     search_shard,
 )
-from llmframe_ray.retrieve.rerank import rerank_hits
-from llmframe_ray.types import Hit, SearchMode
+from llmframe_ray.retrieve.rerank import RerankParams
+from llmframe_ray.types import Chunk, Hit, SearchMode
 
 
 class Pipeline:
-    """Search an index's shards with BM25, dense retrieval, or both fused with RRF."""
+    """Search an index's shards with BM25, dense retrieval, or both fused with RRF; rerank."""
 
     def __init__(
         self,
         shards: Sequence[IndexShard],
         embedder: Embedder | None,
-        settings: Settings,
+        retrieval: RetrievalParams | None = None,
         reranker: CrossEncoder | None = None,
+        rerank: RerankParams | None = None,
     ) -> None:
         if not shards:
             raise ValueError("a pipeline needs at least one index shard")
-        self.shards = list(shards)
+        self.retrieval = RetrievalParams() if retrieval is None else retrieval
+        self.rerank = RerankParams() if rerank is None else rerank
+        self.shards = [self.retrieval.prepare(s) for s in shards]
         self.embedder = embedder
         self.reranker = reranker
-        self.settings = settings
         self.max_chunks_per_doc = max(s.manifest.max_chunks_per_doc for s in self.shards)
         self.total_chunks = sum(len(s) for s in self.shards)
-        self.fusion = fusion_settings(settings)
         if embedder is not None:
             check_model(self.shards[0].manifest.model, embedder.info())
-        for shard in self.shards:  # search-time ANN settings come from the settings, not the build
-            shard.dense.set_search_params(
-                hnsw_ef_search=settings.hnsw_ef_search, ivf_nprobe=settings.ivf_nprobe
-            )
 
     @classmethod
     def open(
         cls,
         index_dir: Path,
-        settings: Settings,
         embedder: Embedder | None,
+        retrieval: RetrievalParams | None = None,
         reranker: CrossEncoder | None = None,
+        rerank: RerankParams | None = None,
     ) -> Pipeline:
         loaded = IndexDirectory(index_dir).load()
-        return cls(loaded.shards, embedder, settings, reranker)
+        return cls(loaded.shards, embedder, retrieval, reranker, rerank)
 
     @property
     def default_mode(self) -> SearchMode:
-        return SearchMode.HYBRID if self.settings.hybrid_search_enabled else SearchMode.DENSE
+        return self.retrieval.default_mode
 
     def search(
         self,
@@ -112,61 +107,56 @@ class Pipeline:
         level = ResultLevel.from_str(level)
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}")
-        rerank = self.settings.reranker_enabled if rerank is None else rerank
+        rerank = self.rerank.enabled if rerank is None else rerank
         if rerank and self.reranker is None:
             raise ModelError(
                 "reranking was asked for but no reranker is loaded (LLMFRAME_RERANKER_MODEL)"
             )
-        wanted = max(top_k, self.settings.reranker_depth) if rerank else top_k
+        checked = self.check_queries(queries, mode, truncate)
+        results = self.first_stage(checked, mode, self.rerank.wanted(top_k, rerank), level)
+        if rerank:
+            results = [
+                self.rerank.apply(q, hits, self.reranker.score(q, self.rerank.passages(hits))) if hits else hits
+                for q, hits in zip(checked, results)
+            ]
+        return [hits[:top_k] for hits in results]
+
+    def check_queries(self, queries: Sequence[str], mode: SearchMode, truncate: bool = False) -> list[str]:
+        """The queries stripped and checked for the mode (too long for the embedder: an error
+        unless `truncate`)."""
         uses_dense = mode in (SearchMode.DENSE, SearchMode.HYBRID)
         if uses_dense and self.embedder is None:
             raise ModelError(f"mode {mode.value!r} needs an embedder; none was loaded")
         check = self.embedder.check_query if uses_dense and not truncate else check_query_text
-        checked = [check(q) for q in queries]
+        return [check(q) for q in queries]
+
+    def first_stage(
+        self, checked: Sequence[str], mode: SearchMode, top_k: int, level: str | ResultLevel = ResultLevel.DOCUMENT
+    ) -> list[list[Hit]]:
+        """Each checked query's top `top_k` hits of the mode, before any reranking."""
         if not checked:
             return []
-
         if mode in (SearchMode.BM25, SearchMode.HYBRID):
             problem = bm25_consistency_problem([ShardFacts.of(s) for s in self.shards])
             if problem is not None:
                 raise IndexLoadError(problem)
         plan = retrieval_plan(
-            checked, mode, level, wanted, [len(s) for s in self.shards], self.fusion
+            checked, mode, ResultLevel.from_str(level), top_k, [len(s) for s in self.shards], self.retrieval.fusion
         )
-        results = run_plan(plan, self.answer)
-        if rerank:
-            results = [
-                rerank_hits(q, hits, self.reranker, self.settings.reranker_depth, self.settings.reranker_fusion_k)
-                for q, hits in zip(checked, results)
-            ]
-        return [hits[:top_k] for hits in results]
-
-    def answer(self, request: Request) -> Any:
-        """Answer one request of a retrieval plan from the loaded shards and models."""
-        if isinstance(request, Encode):
-            return self.embedder.embed(list(request.texts))
-        if isinstance(request, SearchShard):
-            return search_shard(self.shards[request.shard], request.ranker, request.inputs, request.k)
-        if isinstance(request, ReadChunks):
-            return self.shards[request.shard].chunks(list(request.rows))
-        raise TypeError(f"not a retrieval plan request: {request!r}")
+        return run_plan(plan, _DirectBackend(self))
 
 
-def fusion_settings(settings: Settings) -> FusionSettings:
-    return FusionSettings(
-        rrf_k=settings.rrf_k,
-        weights={BM25: settings.bm25_weight, DENSE: settings.dense_weight},
-        fusion_depth=settings.fusion_depth,
-    )
+class _DirectBackend:
+    """The plan's requests (retrieve/plan.py: PlanBackend) answered by direct calls."""
 
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
 
-def check_model(model: Mapping[str, Any], embedder: Mapping[str, Any]) -> None:
-    """The index's embedding model (`model`, from its manifest) must be the embedder's (`info()`)."""
-    name, dim = model.get("name"), model.get("dim")
-    # a hosted model's dimension may be unknown (0) until its first call
-    if name != embedder["name"] or (embedder["dim"] and dim != embedder["dim"]):
-        raise ModelError(
-            f"the index was built with embedding model {name!r} (dim {dim}), but the loaded "
-            f"embedder is {embedder['name']!r} (dim {embedder['dim']}); rebuild the index or change "
-            "EMBEDDING_PROVIDER"
-        )
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.pipeline.embedder.embed(list(texts))
+
+    def search(self, shard: int, ranker: Ranker, inputs: Any, k: int) -> ShardResults:
+        return search_shard(self.pipeline.shards[shard], ranker, inputs, k)
+
+    def read_chunks(self, shard: int, rows: Sequence[int]) -> list[Chunk]:
+        return self.pipeline.shards[shard].chunks(list(rows))

@@ -10,17 +10,18 @@ import asyncio
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from llmframe_ray.config import Settings
 from llmframe_ray.generate.base import Completion, Message, Provider, StreamEnd
-from llmframe_ray.generate.chain import provider_chain
+from llmframe_ray.generate.chain import ProviderParams, provider_chain
 from llmframe_ray.generate.extractive_provider import ExtractiveProvider
 from llmframe_ray.generate.fallback import FallbackProvider
-from llmframe_ray.generate.sessions import SessionStore
+from llmframe_ray.generate.sessions import SessionParams, SessionStore
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
-from llmframe_ray.pipeline import Pipeline
+from llmframe_ray.models.embedder import EmbedderParams, load_embedder
+from llmframe_ray.retrieve.params import RetrievalParams
+from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.plan import ResultLevel
-from llmframe_ray.serve.service import Retrieved
+from llmframe_ray.api.service import Retrieved
 from llmframe_ray.types import SearchMode
 
 
@@ -44,13 +45,19 @@ class LocalStages:
         self._lock = asyncio.Lock()  # one model call at a time, as one replica would
 
     @classmethod
-    def open(cls, index_dir: Path, settings: Settings, reranker: CrossEncoder | None = None) -> LocalStages:
-        from llmframe_ray.models.embedder import load_embedder
-
+    def open(
+        cls,
+        index_dir: Path,
+        embedder: EmbedderParams,
+        retrieval: RetrievalParams,
+        providers: ProviderParams,
+        sessions: SessionParams,
+        reranker: CrossEncoder | None = None,
+    ) -> LocalStages:
         loaded = IndexDirectory(index_dir).load()
-        pipeline = Pipeline(loaded.shards, load_embedder(settings), settings)
-        sessions = SessionStore(settings.session_token_budget, settings.session_max)
-        return cls(index_dir, pipeline, loaded.version, reranker, provider_chain(settings), sessions)
+        pipeline = Pipeline(loaded.shards, load_embedder(embedder), retrieval)
+        store = SessionStore(sessions.token_budget, sessions.max_sessions)
+        return cls(index_dir, pipeline, loaded.version, reranker, provider_chain(providers), store)
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
         async with self._lock:

@@ -10,14 +10,13 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from llmframe_ray.config import Settings
-from llmframe_ray.index.dense import DenseParams
+from llmframe_ray.index.params import IndexParams
 from llmframe_ray.index.shard import IndexShard, shard_of
-from llmframe_ray.index.sparse import CorpusStats, SparseIndex, SparseParams
+from llmframe_ray.index.sparse import CorpusStats, corpus_stats
 from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
 from llmframe_ray.ingest.chunker import Chunker, HFTokenCounter, WhitespaceTokenCounter
 from llmframe_ray.models.embedder import SPECIAL_TOKENS, Embedder
@@ -26,12 +25,13 @@ from llmframe_ray.types import Chunk, Document
 Progress = Callable[[str, int, int], None]
 
 
-def make_chunker(settings: Settings, embedder: Embedder) -> Chunker:
+def make_chunker(params: IndexParams, embedder: Embedder) -> Chunker:
     """A chunker that counts in the embedder's own tokens (whitespace words for hosted models)."""
+    size, overlap = params.chunking.chunk_size, params.chunking.chunk_overlap
     tokenizer = getattr(embedder, "tokenizer", None)
     if tokenizer is not None:
-        return Chunker(HFTokenCounter(tokenizer), settings.chunk_size, settings.chunk_overlap, SPECIAL_TOKENS)
-    return Chunker(WhitespaceTokenCounter(), settings.chunk_size, settings.chunk_overlap, 0)
+        return Chunker(HFTokenCounter(tokenizer), size, overlap, SPECIAL_TOKENS)
+    return Chunker(WhitespaceTokenCounter(), size, overlap, 0)
 
 
 def chunk_documents(documents: Iterable[Document], chunker: Chunker) -> list[Chunk]:
@@ -60,39 +60,30 @@ def embed_chunks(
     return np.vstack(parts)
 
 
-def chunking_params(settings: Settings) -> dict[str, object]:
-    return {"chunk_size": settings.chunk_size, "chunk_overlap": settings.chunk_overlap}
-
-
 def build_shard(
     chunks: Sequence[Chunk],
     embeddings: np.ndarray,
-    embedder: Embedder,
-    settings: Settings,
+    params: IndexParams,
+    model: Mapping[str, Any],
     corpus: CorpusStats | None = None,
 ) -> IndexShard:
+    """One shard of `chunks` with these parameters (BM25 with `corpus`-wide statistics, when
+    the shard is one of several): the same for the in-process build and the ingestion job."""
     return IndexShard.build(
         chunks,
         embeddings,
-        dense=DenseParams.from_settings(settings),
-        sparse=SparseParams.from_settings(settings),
-        model=embedder.info(),
-        chunking=chunking_params(settings),
+        dense=params.dense,
+        sparse=params.sparse,
+        model=model,
+        chunking=params.chunking.to_dict(),
         corpus=corpus,
     )
-
-
-def check_build_settings(settings: Settings, embedder: Embedder) -> Chunker:
-    """Validate every index parameter before any expensive work; return the chunker."""
-    DenseParams.from_settings(settings)
-    SparseParams.from_settings(settings)
-    return make_chunker(settings, embedder)
 
 
 def build_index(
     documents: Iterable[Document],
     index_dir: Path,
-    settings: Settings,
+    params: IndexParams,
     embedder: Embedder,
     progress: Progress | None = None,
     shards: int = 1,
@@ -103,7 +94,7 @@ def build_index(
     Leftovers of an earlier build of the same directory that crashed are removed first: one
     writer per index directory at a time.
     """
-    chunker = check_build_settings(settings, embedder)
+    chunker = make_chunker(params, embedder)
     directory = IndexDirectory(index_dir)
     directory.remove_incomplete()
     chunks = chunk_documents(documents, chunker)
@@ -113,19 +104,18 @@ def build_index(
         progress("chunk", len(chunks), len(chunks))
     embeddings = embed_chunks(chunks, embedder, progress)
     if shards == 1:
-        return directory.publish([build_shard(chunks, embeddings, embedder, settings)])
+        return directory.publish([build_shard(chunks, embeddings, params, embedder.info())])
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     rows = [[i for i, c in enumerate(chunks) if shard_of(c.doc_id, shards) == s] for s in range(shards)]
-    params = SparseParams.from_settings(settings)
     corpus = CorpusStats.merge(
-        [SparseIndex.build([chunks[i].indexed_text for i in part], params).stats() for part in rows if part]
+        [corpus_stats([chunks[i].indexed_text for i in part], params.sparse) for part in rows if part]
     )
     version, tmp = directory.stage()
     try:
         for s, part in enumerate(rows):
             if part:
-                shard = build_shard([chunks[i] for i in part], embeddings[part], embedder, settings, corpus)
+                shard = build_shard([chunks[i] for i in part], embeddings[part], params, embedder.info(), corpus)
                 shard.save(tmp / shard_dir_name(s))
     except Exception:
         shutil.rmtree(tmp, ignore_errors=True)

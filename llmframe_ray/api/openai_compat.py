@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llmframe_ray.generate.base import Message
 from llmframe_ray.generate.sessions import trim_messages
-from llmframe_ray.serve.schemas import AnswerOut, Mode
+from llmframe_ray.api.schemas import AnswerOut, Mode
 
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "no_context": "stop", "tool_use": "tool_calls"}
 

@@ -21,13 +21,12 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from llmframe_ray.config import Settings
 from llmframe_ray.errors import IndexLoadError, LLMFrameError
 from llmframe_ray.generate.base import ProviderError
-from llmframe_ray.serve.auth import ApiKeys, key_owner, presented_key
-from llmframe_ray.serve.openai_compat import ChatRequest
-from llmframe_ray.serve.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
-from llmframe_ray.serve.service import FieldError, RagService, StageUnavailableError, prepend
+from llmframe_ray.api.auth import ApiKeys, key_owner, presented_key
+from llmframe_ray.api.openai_compat import ChatRequest
+from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
+from llmframe_ray.api.service import FieldError, RagService, StageUnavailableError, prepend
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -98,7 +97,7 @@ def _field_of(loc: tuple) -> str:
     return ".".join(parts)
 
 
-def create_app(service: RagService, keys: ApiKeys, settings: Settings) -> FastAPI:
+def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
     app = FastAPI(
         title="llmframe-ray",
         version="1",
@@ -205,7 +204,7 @@ def create_app(service: RagService, keys: ApiKeys, settings: Settings) -> FastAP
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    app.add_middleware(BodyLimit, limit=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, limit=service.params.limits.max_request_bytes)
     return app
 
 

@@ -14,14 +14,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol
 
-from llmframe_ray.config import Settings
 from llmframe_ray.errors import LLMFrameError, QueryError
 from llmframe_ray.retrieve.plan import ResultLevel
-from llmframe_ray.retrieve.rerank import passage_of, rerank_hits
 from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
+from llmframe_ray.api.params import ServiceParams
 from llmframe_ray.generate.costs import PriceTable
 from llmframe_ray.generate.prompts import SYSTEM_PROMPT, build_messages, cite
-from llmframe_ray.serve.openai_compat import (
+from llmframe_ray.api.openai_compat import (
     FINISH,
     ChatRequest,
     ChatTurnError,
@@ -32,7 +31,7 @@ from llmframe_ray.serve.openai_compat import (
     new_id,
     usage_of,
 )
-from llmframe_ray.serve.schemas import (
+from llmframe_ray.api.schemas import (
     AnswerOut,
     UsageOut,
     HitOut,
@@ -130,14 +129,14 @@ class Ranked:
 
 
 class RagService:
-    def __init__(self, stages: Stages, settings: Settings) -> None:
+    def __init__(self, stages: Stages, params: ServiceParams) -> None:
         self.stages = stages
-        self.settings = settings
-        self.prices = PriceTable.from_json(settings.llm_prices)
+        self.params = params
+        self.prices = PriceTable.from_json(params.generation.prices)
 
     @property
     def default_mode(self) -> SearchMode:
-        return SearchMode.HYBRID if self.settings.hybrid_search_enabled else SearchMode.DENSE
+        return self.params.default_mode
 
     async def search(self, request: SearchRequest) -> SearchResponse:
         ranked = await self._ranked(
@@ -160,7 +159,7 @@ class RagService:
         start = time.perf_counter()
         completion = await self.stages.generate(
             build_messages(request.question, ranked.hits, history), SYSTEM_PROMPT,
-            self.settings.llm_max_tokens, self.settings.llm_temperature,
+            self.params.generation.max_tokens, self.params.generation.temperature,
         )
         answer = self._answer(completion.text, completion.usage, completion.model, completion.provider, completion.finish_reason, ranked.hits)
         await self._remember(session, request.question, completion.text)
@@ -187,7 +186,7 @@ class RagService:
         start = time.perf_counter()
         parts: list[str] = []
         async for item in self.stages.generate_stream(
-            messages, SYSTEM_PROMPT, self.settings.llm_max_tokens, self.settings.llm_temperature
+            messages, SYSTEM_PROMPT, self.params.generation.max_tokens, self.params.generation.temperature
         ):
             if isinstance(item, str):
                 parts.append(item)
@@ -212,15 +211,15 @@ class RagService:
     async def chat_turn(self, request: ChatRequest) -> ChatTurn:
         """Question, history, system prompt and passages of a chat request (errors before any byte)."""
         try:
-            question, history, extra = chat_turn(request, self.settings.session_token_budget)
+            question, history, extra = chat_turn(request, self.params.session_token_budget)
         except ChatTurnError as exc:
             raise FieldError(exc.field, str(exc)) from None
         ranked = await self._ranked("messages", question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank)
         system = f"{SYSTEM_PROMPT}\n\n{extra}" if extra else SYSTEM_PROMPT
         max_tokens = next(
-            (v for v in (request.max_completion_tokens, request.max_tokens) if v is not None), self.settings.llm_max_tokens
+            (v for v in (request.max_completion_tokens, request.max_tokens) if v is not None), self.params.generation.max_tokens
         )
-        temperature = self.settings.llm_temperature if request.temperature is None else request.temperature
+        temperature = self.params.generation.temperature if request.temperature is None else request.temperature
         return ChatTurn(build_messages(question, ranked.hits, history), system, max_tokens, temperature, ranked)
 
     async def chat(self, request: ChatRequest) -> dict[str, Any]:
@@ -273,32 +272,28 @@ class RagService:
     async def _ranked(
         self, field: str, text: str, mode: str | None, level: ResultLevel, top_k: int, rerank: bool | None
     ) -> Ranked:
-        settings = self.settings
-        if len(text) > settings.max_query_chars:
-            raise FieldError(field, f"is {len(text)} characters long; the limit is {settings.max_query_chars} (LLMFRAME_MAX_QUERY_CHARS)")
-        if top_k > settings.max_top_k:
-            raise FieldError("top_k", f"must be at most {settings.max_top_k} (LLMFRAME_MAX_TOP_K), got {top_k}")
+        limits, steps = self.params.limits, self.params.rerank
+        if len(text) > limits.max_query_chars:
+            raise FieldError(field, f"is {len(text)} characters long; the limit is {limits.max_query_chars} (LLMFRAME_MAX_QUERY_CHARS)")
+        if top_k > limits.max_top_k:
+            raise FieldError("top_k", f"must be at most {limits.max_top_k} (LLMFRAME_MAX_TOP_K), got {top_k}")
         search_mode = self.default_mode if mode is None else SearchMode.from_str(mode)
-        rerank = settings.reranker_enabled if rerank is None else rerank
+        rerank = steps.enabled if rerank is None else rerank
         if rerank and not self.stages.has_reranker:
             raise FieldError(
                 "rerank", "this server has no reranker (deploy it with a reranker model: LLMFRAME_RERANKER_ENABLED=true)"
             )
-        depth = settings.reranker_depth
         start = time.perf_counter()
         try:
-            retrieved = await self.stages.retrieve(
-                text, search_mode, level, max(top_k, depth) if rerank else top_k
-            )
+            retrieved = await self.stages.retrieve(text, search_mode, level, steps.wanted(top_k, rerank))
         except QueryError as exc:
             raise FieldError(field, str(exc)) from None
         timings = {"retrieve": _ms(start)}
         hits = retrieved.hits
         if rerank and hits:
             start = time.perf_counter()
-            head = hits[:depth]
-            scores = await self.stages.rerank_scores(text, [passage_of(h) for h in head])
-            hits = rerank_hits(text, hits, None, depth, settings.reranker_fusion_k, scores=scores)
+            scores = await self.stages.rerank_scores(text, steps.passages(hits))
+            hits = steps.apply(text, hits, scores)
             timings["rerank"] = _ms(start)
         return Ranked(retrieved.version, search_mode, rerank, hits[:top_k], _with_total(timings))
 

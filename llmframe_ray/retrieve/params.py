@@ -1,0 +1,26 @@
+"""What first-stage retrieval is told: the default mode, hybrid fusion, and the dense index's
+search-time settings (applied to every shard when it is loaded)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmframe_ray.index.shard import IndexShard
+from llmframe_ray.retrieve.plan import FusionParams
+from llmframe_ray.types import SearchMode
+
+
+@dataclass(frozen=True)
+class RetrievalParams:
+    default_mode: SearchMode = SearchMode.HYBRID
+    fusion: FusionParams = field(default_factory=FusionParams)
+    hnsw_ef_search: int = 128
+    ivf_nprobe: int = 16
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "default_mode", SearchMode.from_str(self.default_mode))
+
+    def prepare(self, shard: IndexShard) -> IndexShard:
+        """Apply the search-time settings to a loaded shard (they are not part of its build)."""
+        shard.dense.set_search_params(hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe)
+        return shard
