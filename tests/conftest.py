@@ -10,6 +10,30 @@ from llmframe_ray.models.embedder import OnnxEmbedder, ensure_local_model
 
 SHARED_EVAL = Path(__file__).resolve().parents[1].parent / "shared" / "eval"
 
+# Tiers (tests/README.md). A test's tier follows from its folder and the fixtures it uses:
+# tests/quality -> quality, tests/integration and the unit tests that import Ray -> integration,
+# a test that needs the exported embedder or a torch-made model -> model, the rest -> unit.
+MODEL_FIXTURES = {"model_dir", "embedder", "tiny_reranker_dir", "trained", "tiny_model"}
+NEEDS_RAY = {"test_deployments_config.py"}
+
+
+def tier_of(item: pytest.Item) -> str:
+    path = Path(str(item.fspath))
+    if path.parent.name == "quality":
+        return "quality"
+    if path.parent.name == "integration" or path.name in NEEDS_RAY:
+        return "integration"
+    if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("model"):
+        return "model"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = tier_of(item)
+        if item.get_closest_marker(tier) is None:
+            item.add_marker(getattr(pytest.mark, tier))
+
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import ir_measures
+import numpy as np
 from ir_measures import Qrel
 
 from llmframe_ray.index import atomic
@@ -18,10 +19,14 @@ def write_run(
 ) -> Path:
     """Write ranked (doc_id, score) lists per query, atomically; rank is 1-based.
 
-    Scorers such as trec_eval order a query's lines by the score column and ignore the rank
-    column, so equal scores would let them re-break our ties their own way. Written scores are
-    therefore made strictly decreasing: a score that does not fall below the previous line's is
-    lowered by a relative 1e-10, which keeps our order and changes no other digit that matters.
+    Scorers (trec_eval, pytrec_eval, ir-measures) order a query's lines by the score column,
+    some of them read in single precision, and ignore the rank column: scores that are equal,
+    or that differ by less than a float32 step (fused RRF scores broken by a 1e-10 tie-break),
+    would let them re-break our ties their own way, by document id. Written scores are
+    therefore float32 values, strictly decreasing in rank order: a score that does not fall
+    below the previous line's (at float32 precision) is written one float32 step below it.
+    Each is printed as the shortest decimal that reads back to that float32 (and, read as a
+    double, keeps the same order), so every scorer sees exactly the ranking we returned.
     """
     if any(ch.isspace() for ch in tag) or not tag:
         raise ValueError(f"run tag must be one word, got {tag!r}")
@@ -33,17 +38,27 @@ def write_run(
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             for qid, ranked in results.items():
-                previous = float("inf")
-                for rank, (doc_id, score) in enumerate(ranked, 1):
-                    if score >= previous:
-                        score = previous - 1e-10 * max(1.0, abs(previous))
-                    previous = score
-                    fh.write(f"{qid} Q0 {doc_id} {rank} {score:.15g} {tag}\n")
+                for rank, ((doc_id, _), score) in enumerate(zip(ranked, decreasing_float32(ranked)), 1):
+                    text = np.format_float_positional(score, unique=True, trim="-")
+                    fh.write(f"{qid} Q0 {doc_id} {rank} {text} {tag}\n")
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_via(path, write)
     return path
+
+
+def decreasing_float32(ranked: Sequence[tuple[str, float]]) -> list[np.float32]:
+    """The scores of a ranked list as float32 values, each strictly below the one before."""
+    out: list[np.float32] = []
+    previous = np.float32(np.inf)
+    for _, score in ranked:
+        value = np.float32(score)
+        if not value < previous:
+            value = np.nextafter(previous, np.float32(-np.inf), dtype=np.float32)
+        out.append(value)
+        previous = value
+    return out
 
 
 def score_run(path: Path, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, float]:

@@ -259,6 +259,7 @@ def test_not_a_folder_nor_repo_id(tmp_path):
     )
 
 
+@pytest.mark.model
 def test_trained_architecture_exports_faithfully(tmp_path):
     """The reranker `train-reranker` builds (MiniLM, mean pooling, linear head): ONNX matches
     PyTorch within 1e-4."""

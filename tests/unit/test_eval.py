@@ -1,6 +1,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from llmframe_ray.errors import DatasetError
@@ -93,9 +94,23 @@ def test_tied_scores_are_written_strictly_decreasing(tmp_path):
     # our order puts "z" before "a" at equal score; a scorer that sorts by score must agree
     path = write_run(tmp_path / "x.trec", {"q1": [("z", 0.5), ("a", 0.5), ("m", 0.25)]}, tag="t")
     scores = [float(line.split()[4]) for line in path.read_text().splitlines()]
-    assert scores[0] == 0.5 and scores[0] > scores[1] > scores[2] == 0.25
-    assert scores[1] == pytest.approx(0.5, rel=1e-9)
+    assert scores == [0.5, 0.49999997, 0.25]
+    assert np.float32(scores[1]) == np.nextafter(np.float32(0.5), np.float32(0))
     assert score_run(path, {"q1": {"z": 1}}) == {"nDCG@10": 1.0, "Recall@100": 1.0}
+
+
+def test_scores_apart_by_less_than_a_float32_step_keep_our_order(tmp_path):
+    # RRF scores broken by a 1e-10 tie-break are one float32 value: read in single precision
+    # they would tie and be re-ordered by document id ("a" before "b" before "c")
+    base = 1 / 21 + 1 / 22
+    ranked = [("c", base), ("b", base - 1e-10), ("a", base - 2e-10), ("d", 0.01)]
+    path = write_run(tmp_path / "x.trec", {"q1": ranked}, tag="t")
+    lines = path.read_text().splitlines()
+    as_float32 = [np.float32(line.split()[4]) for line in lines]
+    assert all(a > b for a, b in zip(as_float32, as_float32[1:]))
+    assert as_float32[0] == np.float32(base) and as_float32[3] == np.float32(0.01)
+    # the relevant document is third in our ranking: nDCG@10 = 1 / log2(4), not 1 (first by id)
+    assert score_run(path, {"q1": {"a": 1}})["nDCG@10"] == pytest.approx(0.5, abs=1e-9)
 
 
 def test_query_missing_from_run_counts_as_zero(tmp_path):
