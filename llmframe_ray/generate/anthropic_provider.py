@@ -21,8 +21,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import anthropic
 
 from llmframe_ray.generate.base import (
-    Completion, Message, ProviderError, ProviderUnavailableError, StreamEnd, StreamInterruptedError, Usage,
-    check_provider_args,
+    Completion, Message, ProviderError, StreamEnd, Usage, check_provider_args,
 )
 from llmframe_ray.generate.sdk_errors import ErrorMapper
 
@@ -95,16 +94,14 @@ class AnthropicProvider:
                 elif event.type == "message_stop":
                     finished = True
         except Exception as exc:
-            if delivered:
-                raise self._errors.interrupted(exc) from exc
-            if isinstance(exc, self._errors.catchable):
-                raise self._errors.translate(exc) from exc
-            raise
+            failure = self._errors.stream_failure(exc, delivered)
+            if failure is exc:
+                raise
+            raise failure from exc
         finally:
             await events.close()
         if not finished:
-            reason = "the stream ended before message_stop"
-            raise StreamInterruptedError(self.name, reason) if delivered else ProviderUnavailableError(self.name, reason)
+            raise self._errors.unfinished("the stream ended before message_stop", delivered)
         yield StreamEnd(Usage(input_tokens, output_tokens), model, self.name, stop_reason or "unknown")
 
     def _request(self, messages: Sequence[Message], system: str | None, max_tokens: int) -> dict[str, Any]:
@@ -118,10 +115,7 @@ class AnthropicProvider:
         return request
 
     async def _create(self, request: dict[str, Any]) -> Any:
-        try:
-            return await self._client.messages.create(**request)
-        except self._errors.catchable as exc:
-            raise self._errors.translate(exc) from exc
+        return await self._errors.call(self._client.messages.create, request)
 
     def _completion(self, response: Any, *, data: Mapping[str, Any] | None) -> Completion:
         text = "".join(block.text for block in response.content if block.type == "text")

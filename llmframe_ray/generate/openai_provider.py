@@ -23,8 +23,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 import openai
 
 from llmframe_ray.generate.base import (
-    Completion, Message, ProviderError, ProviderUnavailableError, StreamEnd, StreamInterruptedError, Usage,
-    check_provider_args,
+    Completion, Message, ProviderError, StreamEnd, Usage, check_provider_args,
 )
 from llmframe_ray.generate.sdk_errors import ErrorMapper
 
@@ -98,16 +97,14 @@ class OpenAIProvider:
                         yield choice.delta.content
                     finish_reason = choice.finish_reason or finish_reason
         except Exception as exc:
-            if delivered:
-                raise self._errors.interrupted(exc) from exc
-            if isinstance(exc, self._errors.catchable):
-                raise self._errors.translate(exc) from exc
-            raise
+            failure = self._errors.stream_failure(exc, delivered)
+            if failure is exc:
+                raise
+            raise failure from exc
         finally:
             await chunks.close()
         if finish_reason is None:
-            reason = "the stream ended before a finish_reason"
-            raise StreamInterruptedError(self.name, reason) if delivered else ProviderUnavailableError(self.name, reason)
+            raise self._errors.unfinished("the stream ended before a finish_reason", delivered)
         yield StreamEnd(usage, model, self.name, finish_reason)
 
     def _request(self, messages: Sequence[Message], system: str | None, max_tokens: int) -> dict[str, Any]:
@@ -116,10 +113,7 @@ class OpenAIProvider:
         return {"model": self.model, "messages": turns, "max_completion_tokens": max_tokens}
 
     async def _create(self, request: dict[str, Any]) -> Any:
-        try:
-            return await self._client.chat.completions.create(**request)
-        except self._errors.catchable as exc:
-            raise self._errors.translate(exc) from exc
+        return await self._errors.call(self._client.chat.completions.create, request)
 
     def _first_choice(self, response: Any) -> Any:
         if not response.choices:

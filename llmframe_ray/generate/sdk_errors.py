@@ -25,7 +25,7 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import timezone
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import httpx2
 
@@ -105,6 +105,29 @@ class ErrorMapper:
             self.provider, f"stream broke after the first delta ({_cause(exc)})",
             status=status if isinstance(status, int) and status >= 400 else None,
         )
+
+    async def call(self, create: Callable[..., Awaitable[Any]], request: Mapping[str, Any]) -> Any:
+        """`await create(**request)` (an SDK call), its failures translated."""
+        try:
+            return await create(**request)
+        except self.catchable as exc:
+            raise self.translate(exc) from exc
+
+    def stream_failure(self, exc: Exception, delivered: bool) -> BaseException:
+        """What a vendor stream that raised `exc` raises in turn: an interruption once a delta
+        was delivered (the chain must not fall back then), the translated error before, and
+        anything that is not the SDK's own unchanged."""
+        if delivered:
+            return self.interrupted(exc)
+        if isinstance(exc, self.catchable):
+            return self.translate(exc)
+        return exc
+
+    def unfinished(self, reason: str, delivered: bool) -> ProviderError:
+        """The error for a stream that ended without its closing event."""
+        if delivered:
+            return StreamInterruptedError(self.provider, reason)
+        return ProviderUnavailableError(self.provider, reason)
 
     def _from_status(self, exc: Any) -> ProviderError:
         status: int = exc.status_code
