@@ -124,3 +124,28 @@ def test_errors_never_echo_a_secret_setting(monkeypatch):
     with pytest.raises(ConfigError) as err:
         load_settings(api_keys=["sekrit-key-1", "sekrit-key-2"])
     assert "sekrit" not in str(err.value) and "API_KEYS" in str(err.value)
+
+
+def test_hybrid_and_reranker_rrf_k_are_separate_settings(monkeypatch):
+    monkeypatch.setenv("LLMFRAME_RRF_K", "60")
+    monkeypatch.setenv("LLMFRAME_RERANKER_RRF_K", "5")
+    params = load_settings().params()
+    assert params.retrieval.fusion.rrf_k == 60
+    assert params.rerank.rrf_k == 5 and params.service.rerank.rrf_k == 5
+    monkeypatch.setenv("LLMFRAME_RERANKER_FUSION", "nearest")
+    with pytest.raises(ConfigError, match="LLMFRAME_RERANKER_FUSION: Input should be 'rrf' or 'none'"):
+        load_settings()
+
+
+def test_each_stage_gets_only_its_own_secrets(monkeypatch):
+    monkeypatch.setenv("API_SECRET_KEY", "api-secret-1")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "anthropic-secret-2")
+    monkeypatch.setenv("OPENAI_API_KEY", "openai-secret-3")
+    params = load_settings().params()
+    assert params.providers.anthropic_api_key == "anthropic-secret-2"
+    assert params.providers.openai_api_key == "openai-secret-3"
+    assert params.embedder.openai is None  # the local embedder: no key travels with it
+    for name in ("embedder", "index", "retrieval", "rerank", "reranker_model", "service", "sessions", "ingest"):
+        text = repr(getattr(params, name))
+        assert "secret" not in text, (name, text)
+    assert "secret" not in repr(params.providers)  # keys are never shown in a repr
