@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Mapping, TypeVar
@@ -38,22 +39,32 @@ def parse_enum(cls: type[E], value: object, what: str) -> E:
         raise ValueError(f"unknown {what} {value!r}; valid {what}s: {valid}") from None
 
 
+class Choice(str, enum.Enum):
+    """A string Enum of named choices (modes, kinds): `from_str` takes a member or its value in
+    any case, and a bad value raises a ValueError that lists the valid ones. The error names the
+    choice after the class (`SearchMode` -> "search mode") unless `label` says otherwise."""
+
+    @classmethod
+    def label(cls) -> str:
+        return re.sub(r"(?<!^)(?=[A-Z])", " ", cls.__name__).lower()
+
+    @classmethod
+    def from_str(cls: type[E], value: object) -> E:
+        return parse_enum(cls, value, cls.label())
+
+
 def passage_text(title: str, text: str) -> str:
     """What every ranker reads for a chunk (BM25, the embedder, the cross-encoder at training
     and at serving time): the document title, when there is one, a newline, the chunk text."""
     return f"{title}\n{text}" if title else text
 
 
-class SearchMode(str, enum.Enum):
+class SearchMode(Choice):
     """Which rankers answer a query."""
 
     BM25 = "bm25"
     DENSE = "dense"
     HYBRID = "hybrid"
-
-    @classmethod
-    def from_str(cls, value: str | SearchMode) -> SearchMode:
-        return parse_enum(cls, value, "search mode")
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,6 @@ def _shard_count(previous, shards: int | None) -> int:
 
 def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: list[str], params: Params,
          model: dict, staging: Staging, log: Log) -> IngestResult:
-
     result = IngestResult(directory.root, None, None)
     clock = time.perf_counter()
 

@@ -6,7 +6,6 @@ printed are the numbers any other scorer would compute from the same files.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import tempfile
@@ -25,13 +24,13 @@ from llmframe_ray.models.embedder import Embedder
 from llmframe_ray.retrieve.pipeline import Pipeline, ResultLevel
 from llmframe_ray.retrieve.rerank import RerankFusion
 from llmframe_ray.errors import ModelError
-from llmframe_ray.types import SearchMode, parse_enum
+from llmframe_ray.types import Choice, SearchMode
 
 RUN_DEPTH = 100
 QUERY_BATCH = 64
 
 
-class EvalMode(str, enum.Enum):
+class EvalMode(Choice):
     """A retrieval mode as evaluated: the search modes, and hybrid followed by reranking."""
 
     BM25 = "bm25"
@@ -41,8 +40,8 @@ class EvalMode(str, enum.Enum):
     RERANK_CE = "rerank-ce"  # hybrid, head ordered by the cross-encoder alone
 
     @classmethod
-    def from_str(cls, value: str | EvalMode) -> EvalMode:
-        return parse_enum(cls, value, "evaluation mode")
+    def label(cls) -> str:
+        return "evaluation mode"
 
     @property
     def search(self) -> tuple[SearchMode, bool]:

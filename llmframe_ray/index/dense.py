@@ -11,7 +11,6 @@ search widens its window until the tie group at the cut-off is complete.
 
 from __future__ import annotations
 
-import enum
 import math
 import shutil
 from dataclasses import asdict, dataclass, replace
@@ -22,10 +21,10 @@ import faiss
 import numpy as np
 
 from llmframe_ray.index import atomic
-from llmframe_ray.types import parse_enum
+from llmframe_ray.types import Choice
 
 
-class DenseIndexKind(str, enum.Enum):
+class DenseIndexKind(Choice):
     FLAT = "flat"
     HNSW = "hnsw"
     IVF = "ivf"
@@ -52,7 +51,7 @@ class DenseParams:
     ivf_nprobe: int = 16
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", parse_enum(DenseIndexKind, self.kind, "dense index kind"))
+        object.__setattr__(self, "kind", DenseIndexKind.from_str(self.kind))
         for name in ("hnsw_m", "hnsw_ef_construction", "hnsw_ef_search", "ivf_nprobe"):
             _positive_int(name, getattr(self, name))
         if self.ivf_nlist is not None:

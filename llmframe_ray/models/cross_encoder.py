@@ -8,7 +8,6 @@ tokenize -> run -> postprocess so that a server can batch the middle step across
 
 from __future__ import annotations
 
-import enum
 import json
 from pathlib import Path
 from typing import Sequence
@@ -17,20 +16,16 @@ import numpy as np
 
 from llmframe_ray.errors import ModelError
 from llmframe_ray.models.runtime import EncodedBatch, create_session, load_tokenizer, pad_encodings
-from llmframe_ray.types import parse_enum
+from llmframe_ray.types import Choice
 
 CARD_FILE = "reranker.json"
 ONNX_FILES = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
 DEFAULT_MAX_LENGTH = 512
 
 
-class Precision(str, enum.Enum):
+class Precision(Choice):
     FP32 = "fp32"
     INT8 = "int8"
-
-    @classmethod
-    def from_str(cls, value: str | Precision) -> Precision:
-        return parse_enum(cls, value, "precision")
 
 
 def read_card(model_dir: Path) -> dict:

@@ -14,7 +14,6 @@ the ranking logic exists once, here.
 from __future__ import annotations
 
 import asyncio
-import enum
 from dataclasses import dataclass, field
 from typing import Any, Generator, Mapping, Protocol, Sequence
 
@@ -23,19 +22,14 @@ import numpy as np
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.retrieve.candidates import Candidates, ChunkRef, merge_shard_results
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
-from llmframe_ray.types import Chunk, Hit, SearchMode, parse_enum
+from llmframe_ray.types import Choice, Chunk, Hit, SearchMode
 
 
-
-class Ranker(str, enum.Enum):
+class Ranker(Choice):
     """A first-stage ranker; its value names its list in fusion and in a hit's `ranks`."""
 
     BM25 = SearchMode.BM25.value
     DENSE = SearchMode.DENSE.value
-
-    @classmethod
-    def from_str(cls, value: str | Ranker) -> Ranker:
-        return parse_enum(cls, value, "ranker")
 
 
 BM25 = Ranker.BM25.value
@@ -45,15 +39,11 @@ DENSE = Ranker.DENSE.value
 ShardResults = list[list[tuple[int, float, str]]]
 
 
-class ResultLevel(str, enum.Enum):
+class ResultLevel(Choice):
     """Whether hits are chunks, or documents represented by their best chunk."""
 
     CHUNK = "chunk"
     DOCUMENT = "document"
-
-    @classmethod
-    def from_str(cls, value: str | ResultLevel) -> ResultLevel:
-        return parse_enum(cls, value, "result level")
 
 
 @dataclass(frozen=True)

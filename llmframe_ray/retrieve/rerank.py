@@ -12,28 +12,23 @@ cross-encoder's own position under `ranks["rerank"]`.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, replace
 from typing import Sequence
 
 from llmframe_ray.models.cross_encoder import CrossEncoder, rerank_order
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
-from llmframe_ray.types import Hit, RankedList, parse_enum
+from llmframe_ray.types import Choice, Hit, RankedList
 
 RERANK = "rerank"
 FIRST_STAGE = "first_stage"
 
 
-class RerankFusion(str, enum.Enum):
+class RerankFusion(Choice):
     """How the reranked head is ordered: RRF of the cross-encoder's and the first stage's
     orders, or the cross-encoder's order alone."""
 
     RRF = "rrf"
     NONE = "none"
-
-    @classmethod
-    def from_str(cls, value: str | RerankFusion) -> RerankFusion:
-        return parse_enum(cls, value, "reranker fusion")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Used by `serve run deployments/local.yaml`, `serve deploy deployments/cluster.ya
 
 # No `from __future__ import annotations` here: Serve validates `args` against the builder's
 # annotation only when it is a real class.
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -82,12 +83,12 @@ def build_app(args: AppArgs) -> Application:
         raise ConfigError(f"unknown setting(s) {unknown} in the app's args.settings; names are Settings fields, e.g. reranker_model")
     settings = load_settings(**overrides)  # a bad setting fails here, before any replica starts
     use_reranker = settings.reranker_enabled if args.reranker is None else args.reranker
-    if "reranker_enabled" not in overrides:
-        overrides["reranker_enabled"] = use_reranker  # by default, rerank when a Reranker is deployed
-        settings = load_settings(**overrides)
-    elif overrides["reranker_enabled"] and not use_reranker:
+    if "reranker_enabled" in overrides and settings.reranker_enabled and not use_reranker:
         raise ConfigError("settings.reranker_enabled is true but the app is built without a Reranker (reranker: false)")
     params = settings.params()
+    if "reranker_enabled" not in overrides:  # by default, rerank when a Reranker is deployed
+        rerank = replace(params.rerank, enabled=use_reranker)
+        params = replace(params, rerank=rerank, service=replace(params.service, rerank=rerank))
     keys = ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled)
     root = Path(args.index_dir).expanduser().resolve()
     index = IndexDirectory(root)
