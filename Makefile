@@ -25,7 +25,8 @@ run: setup
 	test -d $(SAMPLE_DIR) || $(BIN)/llmframe-ray index sample $(SAMPLE_DIR)
 	$(BIN)/llmframe-ray ingest $(SAMPLE_DIR) --index $(SAMPLE_INDEX) --shards 2
 	test -s $(KEY_FILE) || $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > $(KEY_FILE)
-	@export API_SECRET_KEY="$$(cat $(KEY_FILE))"; \
+	@export API_SECRET_KEY="$$(cat $(KEY_FILE))" RAY_SERVE_THROUGHPUT_OPTIMIZED=$${RAY_SERVE_THROUGHPUT_OPTIMIZED:-1} \
+	  RAY_SERVE_ENABLE_HA_PROXY=$${RAY_SERVE_ENABLE_HA_PROXY:-1}; \
 	$(BIN)/serve run deployments/local.yaml & pid=$$!; \
 	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
 	$(BIN)/python scripts/wait_ready.py --pid $$pid --url http://127.0.0.1:8000 --key-file $(KEY_FILE) \

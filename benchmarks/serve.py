@@ -56,7 +56,7 @@ from llmframe_ray.eval.beir import load_beir  # noqa: E402
 OK = "200"
 REQUEST_TIMEOUT_S = 300.0
 # benchmark mode -> (search mode, rerank)
-MODES = {"hybrid": ("hybrid", False), "hybrid+rerank": ("hybrid", True)}
+MODES = {"bm25": ("bm25", False), "dense": ("dense", False), "hybrid": ("hybrid", False), "hybrid+rerank": ("hybrid", True)}
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class Cell:
     rates: list[float]  # req/s of each window; empty when every warm-up failed
     warmups: list[Outcome]  # in the error count only
     outcomes: list[Outcome]  # the measured requests
-    batches: tuple[str, str]  # encoder and reranker batch columns
+    batches: tuple[str, str]  # retriever and reranker batch columns
+    cpu: dict[str, float] | None = None  # CPU seconds by process group over the measured windows
 
 
 def checked(reranked: bool, wanted: bool) -> tuple[str, str]:
@@ -161,8 +162,8 @@ def batch_columns(before: dict | None, after: dict | None) -> tuple[str, str]:
     def delta(stage: str, key: str) -> int:
         return int(after.get(stage, {}).get(key, 0)) - int(before.get(stage, {}).get(key, 0))
 
-    encoder = delta("QueryEncoder", "batches")
-    enc = f"{delta('QueryEncoder', 'calls') / encoder:.2f}" if encoder > 0 else "-"
+    retriever = delta("Retriever", "batches")
+    enc = f"{delta('Retriever', 'calls') / retriever:.2f}" if retriever > 0 else "-"
     reranker = delta("Reranker", "batches")
     if reranker <= 0:
         return enc, "-"
@@ -172,22 +173,70 @@ def batch_columns(before: dict | None, after: dict | None) -> tuple[str, str]:
 Stats = Callable[[], Awaitable[dict | None]]
 
 
+class CpuMeter:
+    """CPU seconds (user + system) of the processes of one Ray session, by group: each Serve
+    replica by deployment, the proxy (Serve's or HAProxy), Ray's own processes, and this
+    process (the benchmark's clients, and the in-process side)."""
+
+    def __init__(self, root: int | None) -> None:
+        self.root = root
+
+    @staticmethod
+    def group(proc: psutil.Process) -> str:
+        if proc.pid == os.getpid():
+            return "clients (this process)"
+        cmdline = " ".join(proc.cmdline() or ())
+        if "ServeReplica:" in cmdline:
+            return cmdline.split("ServeReplica:", 1)[1].split()[0].split(":")[-1].split("-")[0].split(".")[0]
+        if "haproxy" in cmdline:
+            return "proxy"
+        if "ProxyActor" in cmdline:
+            return "proxy"
+        return "ray (gcs, raylet, controller, ...)"
+
+    def sample(self) -> dict[int, tuple[str, float]]:
+        procs = [psutil.Process()]
+        if self.root is not None:
+            try:
+                root = psutil.Process(self.root)
+                procs += [root, *root.children(recursive=True)]
+            except psutil.Error:
+                pass
+        out = {}
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+                out[proc.pid] = (self.group(proc), times.user + times.system)
+            except psutil.Error:
+                continue
+        return out
+
+    @staticmethod
+    def delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+        groups: dict[str, float] = {}
+        for pid, (name, cpu) in after.items():
+            groups[name] = groups.get(name, 0.0) + cpu - before.get(pid, (name, 0.0))[1]
+        return groups
+
+
 async def run_cell(side: str, mode: str, clients: int, send: Send, queries: list[str], args: argparse.Namespace,
-                   stats: Stats | None) -> Cell:
+                   stats: Stats | None, meter: CpuMeter | None = None) -> Cell:
     offsets = [c * len(queries) // clients for c in range(clients)]
     warm = list(await asyncio.gather(*(timed(send, queries[o]) for o in offsets)))
     if all(o.status != OK for o in warm):  # nothing to measure: report the failures
         return Cell(side, mode, clients, [], warm, [], ("-", "-"))
     before = await stats() if stats is not None else None
+    cpu_before = meter.sample() if meter is not None else None
     start, outcomes = await measure(send, queries, offsets, args.seconds, args.repeats)
+    cpu = CpuMeter.delta(cpu_before, meter.sample()) if meter is not None else None
     after = await stats() if stats is not None else None
     batches = batch_columns(before, after) if stats is not None else ("-", "-")
     rates = window_rates(start, outcomes, args.seconds, args.repeats)
-    return Cell(side, mode, clients, rates, warm, outcomes, batches)
+    return Cell(side, mode, clients, rates, warm, outcomes, batches, cpu)
 
 
 COLUMNS = (("side", "<10"), ("mode", "<13"), ("clients", ">7"), ("req/s", ">8"), ("p50 ms", ">8"),
-           ("p99 ms", ">8"), ("errors", ">6"), ("enc batch", ">9"), ("rerank batch (calls / pairs)", ">28"))
+           ("p99 ms", ">8"), ("errors", ">6"), ("batch", ">6"), ("rerank batch (calls / pairs)", ">28"))
 
 
 def row(values: list[str]) -> str:
@@ -253,7 +302,8 @@ class ReplicaMemory:
 
 
 def serving_node(url: str) -> int | None:
-    """The raylet whose ProxyActor listens on the URL's port here (None: not found on this machine)."""
+    """The raylet above the process that listens on the URL's port here (Serve's proxy, HAProxy
+    or a replica); None when not found on this machine."""
     parsed = httpx.URL(url)
     if parsed.host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
         return None
@@ -261,21 +311,80 @@ def serving_node(url: str) -> int | None:
     try:
         for conn in psutil.net_connections(kind="tcp"):
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-                return psutil.Process(conn.pid).ppid()
+                proc = psutil.Process(conn.pid)
+                while proc is not None and proc.name() != "raylet":
+                    proc = proc.parent()
+                return None if proc is None else proc.pid
     except psutil.Error:  # no permission to see sockets or the process
         return None
     return None
 
 
+def session_root(raylet: int | None) -> int | None:
+    """The process that started the Ray session of `raylet` (its parent: `serve run`,
+    `llmframe-ray serve` or `ray start`), whose descendants are the session's processes."""
+    if raylet is None:
+        return None
+    try:
+        parent = psutil.Process(raylet).parent()
+    except psutil.Error:
+        return raylet
+    return raylet if parent is None or parent.pid == 1 else parent.pid
+
+
+def bare_encoder(model_dir: Path, queries: list[str], threads: int, seconds: float) -> dict[str, float]:
+    """The model's own speed on these queries: tokenizers + ONNX Runtime on the same model file,
+    ONNX Runtime's default options but `threads` intra-op threads, mean pooling; no project code.
+    One query at a time (p50 ms, queries/s) and in batches of 32 (queries/s)."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.enable_truncation(256)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(model_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def encode(texts: list[str]) -> np.ndarray:
+        tokenizer.enable_padding()
+        encoded = tokenizer.encode_batch(texts)
+        ids = np.array([e.ids for e in encoded], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        hidden = session.run(None, {n: feeds[n] for n in names})[0]
+        pooled = (hidden * mask[:, :, None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
+        return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+    for q in queries[:20]:
+        encode([q])
+    latencies: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        encode([queries[i % len(queries)]])
+        latencies.append(time.perf_counter() - t)
+        i += 1
+    one = i / (time.perf_counter() - start)
+    start, done = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        batch = [queries[(done + j) % len(queries)] for j in range(32)]
+        encode(batch)
+        done += 32
+    batched = done / (time.perf_counter() - start)
+    return {"p50_ms": statistics.median(latencies) * 1e3, "one_qps": one, "batch32_qps": batched}
+
+
 async def run_side(side: str, sender: Callable[[str], Send], stats: Stats | None, args: argparse.Namespace,
-                   queries: list[str], cells: list[Cell]) -> None:
+                   queries: list[str], cells: list[Cell], meter: CpuMeter | None = None) -> None:
     for mode in args.modes:
         for clients in args.clients:
-            cells.append(await run_cell(side, mode, clients, sender(mode), queries, args, stats))
+            cells.append(await run_cell(side, mode, clients, sender(mode), queries, args, stats, meter))
             print_cell(cells[-1])
 
 
-async def served_side(args: argparse.Namespace, queries: list[str], cells: list[Cell]) -> None:
+async def served_side(args: argparse.Namespace, queries: list[str], cells: list[Cell], meter: CpuMeter) -> None:
     limits = httpx.Limits(max_connections=max(args.clients) + 4, max_keepalive_connections=max(args.clients) + 4)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
 
@@ -291,7 +400,7 @@ async def served_side(args: argparse.Namespace, queries: list[str], cells: list[
             return response.json()
 
         sender = functools.partial(http_sender, client, args.url, args.key, args.top_k)
-        await run_side("served", sender, stats, args, queries, cells)
+        await run_side("served", sender, stats, args, queries, cells, meter)
 
 
 def served_index(args: argparse.Namespace) -> str:
@@ -338,6 +447,100 @@ def mode_names(text: str) -> list[str]:
     return names
 
 
+def print_cpu(cells: list[Cell]) -> None:
+    """CPU milliseconds per successful request, by process group, for the served cells."""
+    measured = [c for c in cells if c.cpu is not None]
+    if not measured:
+        return
+    groups = sorted({g for c in measured for g in c.cpu}, key=lambda g: -sum(c.cpu.get(g, 0.0) for c in measured))
+    print("CPU ms per successful request, by process (user + system, over the measured windows):")
+    print(f"{'mode':<13} {'clients':>7} " + " ".join(f"{g[:22]:>22}" for g in groups) + f" {'total':>8}")
+    for c in measured:
+        done = sum(1 for o in c.outcomes if o.status == OK)
+        if not done:
+            continue
+        values = [c.cpu.get(g, 0.0) * 1e3 / done for g in groups]
+        print(f"{c.mode:<13} {c.clients:>7} " + " ".join(f"{v:>22.2f}" for v in values) + f" {sum(values):>8.2f}")
+
+
+def cell_of(cells: list[Cell], side: str, mode: str, clients: int) -> Cell | None:
+    return next((c for c in cells if (c.side, c.mode, c.clients) == (side, mode, clients) and c.rates), None)
+
+
+def p50_ms(cell: Cell) -> float:
+    return float(np.percentile([o.latency * 1e3 for o in cell.outcomes if o.status == OK], 50))
+
+
+def print_goals(cells: list[Cell], reference: dict[str, float] | None) -> None:
+    """The ratios the serving goals are stated in, from this run's cells."""
+    lines = []
+    served32, served1 = cell_of(cells, "served", "hybrid", 32), cell_of(cells, "served", "hybrid", 1)
+    local1, bm25 = cell_of(cells, "in-process", "hybrid", 1), cell_of(cells, "in-process", "bm25", 1)
+    if reference is not None and served32 is not None:
+        best = max(reference["one_qps"], reference["batch32_qps"])
+        lines.append(f"served hybrid @32 req/s / bare encoder q/s (best of one-at-a-time and batch 32): "
+                     f"{statistics.median(served32.rates):.1f} / {best:.1f} = {statistics.median(served32.rates) / best:.2f}")
+    if served1 is not None and local1 is not None:
+        lines.append(f"served hybrid @1 p50 - in-process hybrid @1 p50: {p50_ms(served1):.1f} - {p50_ms(local1):.1f} "
+                     f"= {p50_ms(served1) - p50_ms(local1):+.1f} ms")
+    if reference is not None and local1 is not None and bm25 is not None:
+        floor = reference["p50_ms"] + p50_ms(bm25)
+        lines.append(f"in-process hybrid @1 p50 / (bare encode p50 + in-process bm25 @1 p50): {p50_ms(local1):.2f} / "
+                     f"({reference['p50_ms']:.2f} + {p50_ms(bm25):.2f}) = {p50_ms(local1) / floor:.2f}")
+    if lines:
+        print("goals (issue 12):")
+        for line in lines:
+            print(f"  {line}")
+
+
+def plot(cells: list[Cell], reference: dict[str, float] | None, path: Path, title: str) -> None:
+    """req/s and p50 against clients, one line per side and mode (log-scaled clients)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate_ax, p50_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for side, mode in sorted({(c.side, c.mode) for c in cells}):
+        series = sorted((c.clients, statistics.median(c.rates), p50_ms(c)) for c in cells
+                        if (c.side, c.mode) == (side, mode) and c.rates)
+        if not series:
+            continue
+        clients, rates, p50s = zip(*series)
+        style = "-o" if side == "served" else "--s"
+        rate_ax.plot(clients, rates, style, label=f"{side} {mode}")
+        p50_ax.plot(clients, p50s, style, label=f"{side} {mode}")
+    if reference is not None:
+        rate_ax.axhline(max(reference["one_qps"], reference["batch32_qps"]), color="grey", linestyle=":",
+                        label="bare encoder q/s")
+    for ax, label in ((rate_ax, "requests/s"), (p50_ax, "p50 latency, ms")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    p50_ax.set_yscale("log")
+    rate_ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def cpu_description() -> str:
+    model, flags = platform.processor() or "?", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    simd = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{model} ({' '.join(simd) or 'no avx2'})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     settings = load_settings()
@@ -348,11 +551,16 @@ def main() -> None:
                         help=f"index for the in-process side (default: the beir-scifact-* folder in {settings.indexes_dir})")
     parser.add_argument("--reranker", default=str(settings.home / "rerankers" / "scifact-gated-2ep"))
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "eval" / "scifact"))
-    parser.add_argument("--clients", type=client_counts, default=[1, 8, 32])
-    parser.add_argument("--modes", type=mode_names, default=list(MODES))
+    parser.add_argument("--clients", type=client_counts, default=[1, 8, 32, 64, 128])
+    parser.add_argument("--modes", type=mode_names, default=["hybrid", "hybrid+rerank"])
+    parser.add_argument("--inprocess-modes", type=mode_names, default=None,
+                        help="modes of the in-process side (default: --modes, plus bm25 at 1 client for the floor)")
     parser.add_argument("--seconds", type=float, default=20.0, help="length of one window")
     parser.add_argument("--repeats", type=int, default=3, help="windows per cell")
     parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--reference-seconds", type=float, default=10.0,
+                        help="seconds for each of the bare encoder's two measurements (0: skip)")
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG of req/s and p50 against clients")
     parser.add_argument("--skip-served", action="store_true")
     parser.add_argument("--skip-inprocess", action="store_true")
     args = parser.parse_args()
@@ -368,29 +576,50 @@ def main() -> None:
     service, local = inprocess_service(args) if not args.skip_inprocess else (None, "skipped")
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores ({cores} usable by this process), "
-          f"python {platform.python_version()}, ray {importlib.metadata.version('ray')}")
+    print(f"machine: {platform.machine()}, {cpu_description()}, {os.cpu_count()} cores ({cores} usable by this "
+          f"process), python {platform.python_version()}, ray {importlib.metadata.version('ray')}")
     print(f"served: {args.url}, {served}")
     print(f"in-process: {local}; reranker {args.reranker}")
     print(f"{len(queries)} SciFact test queries, top_k {args.top_k}, {args.repeats} x {args.seconds:g} s windows "
           f"per cell (req/s: median over windows; p50/p99: all successful requests of the cell)")
+    reference = None
+    if args.reference_seconds > 0:
+        from llmframe_ray.models.embedder import local_model_dir
+
+        model_dir = local_model_dir(settings.models_dir)
+        reference = bare_encoder(model_dir, queries, settings.threads, args.reference_seconds)
+        print(f"reference: bare encoder ({model_dir.name}, tokenizers + ONNX Runtime defaults, {settings.threads} "
+              f"threads, server idle): one at a time p50 {reference['p50_ms']:.2f} ms, {reference['one_qps']:.1f} q/s; "
+              f"batches of 32: {reference['batch32_qps']:.1f} q/s")
     print()
     print(row([name for name, _ in COLUMNS]))
     cells: list[Cell] = []
     replicas = None
     if not args.skip_served:
-        with ReplicaMemory(serving_node(args.url)) as replicas:
-            asyncio.run(served_side(args, queries, cells))
+        node = serving_node(args.url)
+        with ReplicaMemory(node) as replicas:
+            asyncio.run(served_side(args, queries, cells, CpuMeter(session_root(node))))
     if not args.skip_inprocess:
-        asyncio.run(run_side("in-process", functools.partial(local_sender, service, args.top_k), None, args, queries, cells))
+        local_args = argparse.Namespace(**vars(args))
+        if args.inprocess_modes is not None:
+            local_args.modes = args.inprocess_modes
+        sender = functools.partial(local_sender, service, args.top_k)
+        if args.inprocess_modes is None and "hybrid" in args.modes:
+            floor = argparse.Namespace(**{**vars(args), "modes": ["bm25"], "clients": [1]})
+            asyncio.run(run_side("in-process", sender, None, floor, queries, cells))
+        asyncio.run(run_side("in-process", sender, None, local_args, queries, cells))
     print()
     print_errors(cells)
+    print_cpu(cells)
+    print_goals(cells, reference)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak memory (max RSS of this process, clients and in-process app): {peak_mib:.0f} MiB")
     if replicas is not None:
         where = f"children of raylet {replicas.node}" if replicas.node is not None else "every Ray session here"
         print(f"served replicas (max over samples of summed RSS, {replicas.processes} ServeReplica processes, "
               f"{where}): {replicas.peak_bytes / 2**20:.0f} MiB")
+    if args.plot is not None:
+        plot(cells, reference, args.plot, f"SciFact, {served}; {cores} cores, {cpu_description()}")
 
 
 if __name__ == "__main__":

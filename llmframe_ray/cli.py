@@ -248,15 +248,28 @@ def serve_command(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port", min=1, max=65535),
     reranker: Optional[bool] = typer.Option(None, "--reranker/--no-reranker", help="Deploy the cross-encoder (default: RERANKER_ENABLED)."),
+    layout: str = typer.Option(
+        "local", "--layout",
+        help="local: retrieval inside each Ingress replica, one per core (fastest on one machine); "
+        "dag: QueryEncoder, Retriever and one ShardGroup per shard as their own replicas.",
+    ),
 ) -> None:
     """Serve an index over HTTP with Ray Serve (the app of `serve run deployments/local.yaml`).
 
     Uses RAY_ADDRESS when set, else starts a local Ray with this machine's CPUs; runs until
     interrupted (Ctrl-C or SIGTERM), then shuts the app down.
     """
+    from llmframe_ray.serve.app import AppArgs, local_layout
     from llmframe_ray.serve.run import serve_until_stopped
 
-    serve_until_stopped(index, host, port, reranker, _settings().threads, typer.echo)
+    cpus = _settings().threads
+    if layout == "local":
+        args = local_layout(str(index), cpus, reranker=reranker)
+    elif layout == "dag":
+        args = AppArgs(index_dir=str(index), reranker=reranker, shards_per_group=1)
+    else:
+        raise typer.BadParameter(f"unknown layout {layout!r}; valid layouts: local, dag", param_hint="--layout")
+    serve_until_stopped(args, host, port, cpus, typer.echo)
 
 
 def main() -> None:

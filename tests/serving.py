@@ -15,20 +15,28 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_app(index_dir: Path, overrides: dict[str, Any], *, reranker: bool = False) -> Iterator[str]:
-    """The app's base URL while it runs; Serve and Ray are shut down afterwards."""
+def running_app(
+    index_dir: Path, overrides: dict[str, Any], *, reranker: bool = False, local: bool = False, **fields: Any
+) -> Iterator[str]:
+    """The app's base URL while it runs; Serve and Ray are shut down afterwards. `local`: the
+    layout of `llmframe-ray serve` (retrieval inside the Ingress replicas, one per CPU), else the
+    DAG of deployments; `fields`: more AppArgs fields (e.g. shards_per_group)."""
     import ray
     from ray import serve
 
-    from llmframe_ray.serve.app import AppArgs, build_app
+    from llmframe_ray.serve.app import AppArgs, build_app, local_layout
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        args = AppArgs(index_dir=str(index_dir), reranker=reranker, settings=overrides)
+        if local:
+            args = local_layout(str(index_dir), 2, reranker=reranker, settings=overrides, **fields)
+        else:
+            args = AppArgs(index_dir=str(index_dir), reranker=reranker, settings=overrides, **fields)
         serve.run(build_app(args), name="llmframe", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
         ray.shutdown()
+

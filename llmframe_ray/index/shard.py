@@ -239,15 +239,21 @@ class IndexShard:
 
     def search_dense(self, query_vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Per query, up to `k` (row, cosine) pairs, best first (ties: lower row first)."""
+        return [_pairs(rows, scores) for rows, scores in self.search_dense_arrays(query_vectors, k)]
+
+    def search_dense_arrays(self, query_vectors: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query, (rows, float32 scores) of up to `k` rows, best first."""
         scores, rows = self.dense.search(query_vectors, k)
-        return [
-            [(int(r), float(s)) for s, r in zip(q_scores, q_rows) if r >= 0]
-            for q_scores, q_rows in zip(scores.tolist(), rows.tolist())
-        ]
+        if rows.size and rows[:, -1].min() >= 0:  # every slot filled (always for an exact index)
+            return list(zip(rows, scores))
+        return [(r[r >= 0], s[r >= 0]) for r, s in zip(rows, scores)]
 
     def search_sparse(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
         """Per query, up to `k` (row, BM25 score) pairs with a positive score, best first."""
-        return self.sparse.search(queries, k)
+        return [_pairs(rows, scores) for rows, scores in self.sparse.search_arrays(queries, k)]
+
+    def search_sparse_arrays(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        return self.sparse.search_arrays(queries, k)
 
     def chunk(self, row: int) -> Chunk:
         return self.store.get(row)
@@ -257,3 +263,7 @@ class IndexShard:
 
     def doc_id(self, row: int) -> str:
         return self.store.doc_id(row)
+
+
+def _pairs(rows: np.ndarray, scores: np.ndarray) -> list[tuple[int, float]]:
+    return list(zip(rows.tolist(), scores.tolist()))

@@ -148,7 +148,7 @@ class Analyzer:
         return cls(stemmer=data["stemmer"], stopwords=data["stopwords"], lower=data["lower"])
 
 
-def _top_positive(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+def _top_positive(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows with a positive score, best first (score desc, then row asc), at most k."""
     rows = np.flatnonzero(scores > 0)
     values = scores[rows]
@@ -157,7 +157,7 @@ def _top_positive(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
         keep = values >= kth  # everything tied with the k-th score stays for the tie-break
         rows, values = rows[keep], values[keep]
     order = np.lexsort((rows, -values))[:k]
-    return [(int(rows[i]), float(values[i])) for i in order]
+    return rows[order].astype(np.int64), values[order]
 
 
 class SparseIndex:
@@ -231,6 +231,10 @@ class SparseIndex:
         Ties are broken by row, ascending. A query with no term in the corpus (only stopwords,
         only unknown words, or empty) gets [].
         """
+        return [list(zip(rows.tolist(), scores.tolist())) for rows, scores in self.search_arrays(queries, k)]
+
+    def search_arrays(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`search` as (rows int64, scores) arrays per query."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         if isinstance(queries, str):
@@ -240,7 +244,7 @@ class SparseIndex:
         for query in queries:
             ids = self.term_ids(query)
             if not ids:
-                results.append([])
+                results.append((np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)))
                 continue
             results.append(_top_positive(self._bm25.get_scores_from_ids(ids), k))
         return results

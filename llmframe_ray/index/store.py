@@ -45,6 +45,7 @@ class ChunkStore:
         self.doc_table = tuple(doc_table)
         self.doc_index = doc_index
         self._doc_ids: list[str] | None = None
+        self._doc_objects: np.ndarray | None = None
 
     @classmethod
     def from_chunks(cls, chunks: Sequence[Chunk]) -> ChunkStore:
@@ -80,6 +81,12 @@ class ChunkStore:
 
     def doc_id(self, row: int) -> str:
         return self.doc_table[int(self.doc_index[self._check_row(row)])]
+
+    def doc_ids_of(self, rows: np.ndarray) -> np.ndarray:
+        """The document ids of in-range `rows` as a str array (no per-row range check)."""
+        if self._doc_objects is None:
+            self._doc_objects = np.array(self.doc_table, dtype=object)
+        return self._doc_objects[np.asarray(self.doc_index)[rows]].astype(np.str_)
 
     @property
     def doc_ids(self) -> list[str]:

@@ -103,8 +103,21 @@ def build_index(
     if progress is not None:
         progress("chunk", len(chunks), len(chunks))
     embeddings = embed_chunks(chunks, embedder, progress)
+    return publish_shards(directory, chunks, embeddings, params, embedder.info(), shards)
+
+
+def publish_shards(
+    directory: IndexDirectory,
+    chunks: Sequence[Chunk],
+    embeddings: np.ndarray,
+    params: IndexParams,
+    model: Mapping[str, Any],
+    shards: int = 1,
+) -> str:
+    """Index embedded chunks into `shards` shards (routed by `shard_of`, BM25 scored with
+    corpus-wide statistics, as the ingestion job does) and publish them as a new version."""
     if shards == 1:
-        return directory.publish([build_shard(chunks, embeddings, params, embedder.info())])
+        return directory.publish([build_shard(chunks, embeddings, params, model)])
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     rows = [[i for i, c in enumerate(chunks) if shard_of(c.doc_id, shards) == s] for s in range(shards)]
@@ -115,7 +128,7 @@ def build_index(
     try:
         for s, part in enumerate(rows):
             if part:
-                shard = build_shard([chunks[i] for i in part], embeddings[part], params, embedder.info(), corpus)
+                shard = build_shard([chunks[i] for i in part], embeddings[part], params, model, corpus)
                 shard.save(tmp / shard_dir_name(s))
     except Exception:
         shutil.rmtree(tmp, ignore_errors=True)

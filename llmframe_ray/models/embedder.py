@@ -48,6 +48,35 @@ def check_query_text(query: str) -> str:
     return stripped
 
 
+def embed_each(embedder: Embedder, queries: Sequence[str]) -> list[np.ndarray | Exception]:
+    """Each query's vector, or the error that query alone raises (too long for the model, text
+    the tokenizer cannot take): a bad query never fails the others. The queries that pass the
+    check go through the model in one call; if that call fails, each is embedded alone."""
+    out: list[np.ndarray | Exception | None] = [None] * len(queries)
+    checked: list[tuple[int, str]] = []
+    for i, query in enumerate(queries):
+        try:
+            checked.append((i, embedder.check_query(query)))
+        except Exception as exc:  # noqa: BLE001 - the query's own error, returned as its answer
+            out[i] = exc
+    if not checked:
+        return out  # type: ignore[return-value]
+    try:
+        vectors = np.asarray(embedder.embed([q for _, q in checked]), dtype=np.float32)
+        for (i, _), vector in zip(checked, vectors):
+            out[i] = vector
+    except Exception as exc:  # noqa: BLE001
+        if len(checked) == 1:
+            out[checked[0][0]] = exc
+            return out  # type: ignore[return-value]
+        for i, query in checked:
+            try:
+                out[i] = np.asarray(embedder.embed([query]), dtype=np.float32)[0]
+            except Exception as exc:  # noqa: BLE001
+                out[i] = exc
+    return out  # type: ignore[return-value]
+
+
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     np.maximum(norms, 1e-12, out=norms)

@@ -55,6 +55,12 @@ def available_threads(threads: int | None = None) -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def spinning() -> bool:
+    """Whether ONNX Runtime's idle threads spin-wait (LLMFRAME_ORT_SPINNING=1; off by default:
+    on a shared box a spinning pool takes the cycles that other replicas and FAISS need)."""
+    return os.environ.get("LLMFRAME_ORT_SPINNING", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
 def create_session(model_path: Path, threads: int):
     """An ONNX Runtime CPU session using `threads` intra-op threads (one inter-op thread)."""
     import onnxruntime as ort
@@ -65,6 +71,9 @@ def create_session(model_path: Path, threads: int):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    flag = "1" if spinning() else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", flag)
+    options.add_session_config_entry("session.inter_op.allow_spinning", flag)
     try:
         return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types

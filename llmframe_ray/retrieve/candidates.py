@@ -1,85 +1,173 @@
-"""Shard results -> ranked candidate lists: merge across shards, aggregate chunks to documents.
+"""Shard answers -> ranked candidates -> fused items, as arrays.
 
-These are the composition steps shared by the in-process pipeline and the Serve DAG.
+These are the composition steps shared by the in-process pipeline and the Serve DAG. Every step
+works on numpy arrays (rows, scores, document ids), never on one Python object per candidate:
+a hybrid query fuses hundreds of candidates per ranker, and per-candidate Python would cost more
+than the model does.
+
+Order rules (the same whatever the shard layout, so sharding never changes a ranking):
+- a ranker's candidates: score descending, then document id, row and shard ascending (all
+  chunks of a document live in one shard, and rows are stored in (document id, position)
+  order);
+- fused items: RRF score descending, then the best (smallest) rank in any list, then the key
+  (a document id, or a chunk's (document id, row, shard)).
+RRF sums w / (k + rank) over the lists in their given order, the same floating-point sums as
+`fusion.reciprocal_rank_fusion`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-from llmframe_ray.types import RankedList
+import numpy as np
+
+NO_DOC_IDS = np.array([], dtype=np.str_)
 
 
 @dataclass(frozen=True)
-class ChunkRef:
-    """A chunk addressed by (shard, row), with its document id.
+class ShardAnswer:
+    """One shard's answer to a search for N queries, flat: query i's hits are the slice
+    `offsets[i]:offsets[i + 1]` of `rows` (int64), `scores` (float32) and `doc_ids` (str),
+    best first."""
 
-    The chunk's text and stable id are read from the store only for the hits that are returned,
-    never for every candidate.
-    """
+    rows: np.ndarray
+    scores: np.ndarray
+    doc_ids: np.ndarray
+    offsets: np.ndarray
 
-    shard: int
-    row: int
-    doc_id: str
+    @classmethod
+    def of(
+        cls, per_query: Sequence[tuple[np.ndarray, np.ndarray]], doc_ids_of: Callable[[np.ndarray], np.ndarray]
+    ) -> ShardAnswer:
+        """From each query's (rows, scores); `doc_ids_of(rows)` gives the rows' document ids."""
+        sizes = [len(rows) for rows, _ in per_query]
+        offsets = np.zeros(len(per_query) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        if offsets[-1] == 0:
+            return cls.empty(len(per_query))
+        rows = np.concatenate([np.asarray(r, dtype=np.int64) for r, _ in per_query])
+        scores = np.concatenate([np.asarray(s, dtype=np.float32) for _, s in per_query])
+        return cls(rows, scores, doc_ids_of(rows), offsets)
 
-    @property
-    def key(self) -> str:
-        """Unique per chunk, and ordered the same way whatever the shard layout: by document id,
-        then row, which within a document is position order (rows are stored in (doc_id,
-        position) order, and all chunks of a document share a shard). Fusion breaks exact
-        ties by key, so chunk-level hybrid results do not depend on how the index is sharded."""
-        return f"{self.doc_id}\x1f{self.row:012d}\x1f{self.shard}"
+    @classmethod
+    def empty(cls, n_queries: int) -> ShardAnswer:
+        """No hit for any of `n_queries` queries (a shard left empty)."""
+        none = np.zeros(0, dtype=np.int64)
+        return cls(none, np.zeros(0, dtype=np.float32), NO_DOC_IDS, np.zeros(n_queries + 1, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def query(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.rows[start:end], self.scores[start:end], self.doc_ids[start:end]
+
+    def count(self, i: int) -> int:
+        return int(self.offsets[i + 1] - self.offsets[i])
+
+    def as_lists(self) -> list[list[tuple[int, float, str]]]:
+        """Per query, (row, score, document id) tuples (for tests and debugging)."""
+        out = []
+        for i in range(len(self)):
+            rows, scores, docs = self.query(i)
+            out.append([(int(r), float(s), str(d)) for r, s, d in zip(rows.tolist(), scores.tolist(), docs.tolist())])
+        return out
 
 
 @dataclass(frozen=True)
 class Candidates:
-    """One ranker's candidates for one query: chunks best first, with scores."""
+    """One ranker's candidates for one query, merged over shards, best first."""
 
     ranker: str
-    refs: tuple[ChunkRef, ...]
-    scores: tuple[float, ...]
+    shards: np.ndarray  # int64
+    rows: np.ndarray  # int64
+    doc_ids: np.ndarray  # str
+    scores: np.ndarray  # float64
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
     @property
     def n_documents(self) -> int:
-        return len({ref.doc_id for ref in self.refs})
+        return len(np.unique(self.doc_ids))
 
-    def chunk_list(self, limit: int | None = None) -> RankedList:
-        refs, scores = self.refs[:limit], self.scores[:limit]
-        return RankedList(self.ranker, tuple(r.key for r in refs), scores)
-
-    def document_list(self, limit: int | None = None) -> tuple[RankedList, dict[str, ChunkRef]]:
-        """Documents ranked by their best chunk; also each document's best chunk."""
-        best: dict[str, ChunkRef] = {}
-        doc_ids: list[str] = []
-        doc_scores: list[float] = []
-        for ref, score in zip(self.refs, self.scores):
-            if ref.doc_id in best:
-                continue
-            best[ref.doc_id] = ref
-            doc_ids.append(ref.doc_id)
-            doc_scores.append(score)
-            if limit is not None and len(doc_ids) >= limit:
-                break
-        return RankedList(self.ranker, tuple(doc_ids), tuple(doc_scores)), best
+    def first_per_document(self, limit: int | None = None) -> np.ndarray:
+        """Positions of each document's best chunk, in rank order (at most `limit`)."""
+        return first_occurrences(self.doc_ids)[:limit]
 
 
-def merge_shard_results(
-    ranker: str,
-    per_shard: Mapping[int, Sequence[tuple[int, float, str]]],
-    limit: int,
-) -> Candidates:
-    """Merge each shard's (row, score, doc_id) list into one list, best first.
+def merge_shards(ranker: str, per_shard: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]], limit: int) -> Candidates:
+    """Merge each shard's (rows, scores, doc_ids) into one list, best first, at most `limit`."""
+    shards = [np.full(len(rows), shard, dtype=np.int64) for shard, (rows, _, _) in per_shard.items()]
+    parts = list(per_shard.values())
+    if not parts or sum(len(p[0]) for p in parts) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return Candidates(ranker, empty, empty, NO_DOC_IDS, np.zeros(0, dtype=np.float64))
+    shard = np.concatenate(shards)
+    rows = np.concatenate([np.asarray(p[0], dtype=np.int64) for p in parts])
+    scores = np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts])
+    docs = np.concatenate([p[2] for p in parts])
+    order = np.lexsort((shard, rows, docs, -scores))[:limit]
+    return Candidates(ranker, shard[order], rows[order], docs[order], scores[order])
 
-    `per_shard` maps a shard number to its list. Equal scores are ordered by document id, then
-    row, so documents tie the same way however the corpus is split into shards (all chunks of a
-    document live in one shard).
-    """
-    scored = [
-        (ChunkRef(shard, row, doc_id), float(score))
-        for shard, results in per_shard.items()
-        for row, score, doc_id in results
-    ]
-    scored.sort(key=lambda pair: (-pair[1], pair[0].doc_id, pair[0].row, pair[0].shard))
-    scored = scored[:limit]
-    return Candidates(ranker, tuple(p[0] for p in scored), tuple(p[1] for p in scored))
+
+def first_occurrences(values: np.ndarray) -> np.ndarray:
+    """Ascending positions of the first occurrence of each distinct value."""
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, first = np.unique(values, return_index=True)
+    first.sort()
+    return first
+
+
+@dataclass(frozen=True)
+class Fused:
+    """RRF over lists of integer codes (codes ordered like the keys they stand for): per
+    distinct code, in fused order, its score and its rank in each list (0: absent)."""
+
+    codes: np.ndarray
+    scores: np.ndarray
+    ranks: np.ndarray  # (n lists, n codes)
+
+
+def fuse_codes(lists: Sequence[np.ndarray], weights: Sequence[float], k: int, n_codes: int, limit: int | None = None) -> Fused:
+    """Each list holds distinct codes in [0, n_codes), best first."""
+    scores = np.zeros(n_codes, dtype=np.float64)
+    ranks = np.zeros((len(lists), n_codes), dtype=np.int64)
+    for i, (codes, weight) in enumerate(zip(lists, weights)):
+        positions = np.arange(1, len(codes) + 1, dtype=np.int64)
+        scores[codes] += float(weight) / (k + positions)
+        ranks[i, codes] = positions
+    present = np.flatnonzero(ranks.any(axis=0))
+    best = np.where(ranks[:, present] > 0, ranks[:, present], np.iinfo(np.int64).max).min(axis=0)
+    order = present[np.lexsort((present, best, -scores[present]))][:limit]
+    return Fused(order, scores[order], ranks[:, order])
+
+
+def codes_of(keys: Sequence[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Integer codes for string keys (code order = key order) and the distinct keys."""
+    if not keys:
+        return [], NO_DOC_IDS
+    distinct, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+    bounds = np.cumsum([0] + [len(k) for k in keys])
+    return [inverse[bounds[i] : bounds[i + 1]] for i in range(len(keys))], distinct
+
+
+def chunk_codes(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[list[np.ndarray], np.ndarray]:
+    """Integer codes for chunks given as (doc_ids, rows, shards), ordered by (document id, row,
+    shard); also, per code, the position in the concatenated parts of one chunk holding it."""
+    docs = np.concatenate([p[0] for p in parts])
+    rows = np.concatenate([p[1] for p in parts])
+    shards = np.concatenate([p[2] for p in parts])
+    order = np.lexsort((shards, rows, docs))
+    new = np.ones(len(order), dtype=bool)
+    if len(order) > 1:
+        same = (docs[order][1:] == docs[order][:-1]) & (rows[order][1:] == rows[order][:-1]) & (shards[order][1:] == shards[order][:-1])
+        new[1:] = ~same
+    sorted_codes = np.cumsum(new) - 1
+    codes = np.empty(len(order), dtype=np.int64)
+    codes[order] = sorted_codes
+    representative = order[new]
+    bounds = np.cumsum([0] + [len(p[0]) for p in parts])
+    return [codes[bounds[i] : bounds[i + 1]] for i in range(len(parts))], representative

@@ -20,6 +20,7 @@ from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import Embedder, check_query_text
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.plan import (
+    DirectCalls,
     Ranker,
     ResultLevel,
     ShardFacts,
@@ -53,6 +54,7 @@ class Pipeline:
         self.reranker = reranker
         self.max_chunks_per_doc = max(s.manifest.max_chunks_per_doc for s in self.shards)
         self.total_chunks = sum(len(s) for s in self.shards)
+        self.bm25_problem = bm25_consistency_problem([ShardFacts.of(s) for s in self.shards])
         if embedder is not None:
             check_model(self.shards[0].manifest.model, embedder.info())
 
@@ -136,17 +138,15 @@ class Pipeline:
         """Each checked query's top `top_k` hits of the mode, before any reranking."""
         if not checked:
             return []
-        if mode in (SearchMode.BM25, SearchMode.HYBRID):
-            problem = bm25_consistency_problem([ShardFacts.of(s) for s in self.shards])
-            if problem is not None:
-                raise IndexLoadError(problem)
+        if mode in (SearchMode.BM25, SearchMode.HYBRID) and self.bm25_problem is not None:
+            raise IndexLoadError(self.bm25_problem)
         plan = retrieval_plan(
             checked, mode, ResultLevel.from_str(level), top_k, [len(s) for s in self.shards], self.retrieval.fusion
         )
         return run_plan(plan, _DirectBackend(self))
 
 
-class _DirectBackend:
+class _DirectBackend(DirectCalls):
     """The plan's requests (retrieve/plan.py: PlanBackend) answered by direct calls."""
 
     def __init__(self, pipeline: Pipeline) -> None:

@@ -13,15 +13,20 @@ the ranking logic exists once, here.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Generator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from llmframe_ray.index.shard import IndexShard
-from llmframe_ray.retrieve.candidates import Candidates, ChunkRef, merge_shard_results
-from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
+from llmframe_ray.retrieve.candidates import (
+    Candidates,
+    ShardAnswer,
+    chunk_codes,
+    codes_of,
+    fuse_codes,
+    merge_shards,
+)
 from llmframe_ray.types import Choice, Chunk, Hit, SearchMode
 
 
@@ -35,8 +40,8 @@ class Ranker(Choice):
 BM25 = Ranker.BM25.value
 DENSE = Ranker.DENSE.value
 
-# Per query: (row, score, document id), best first.
-ShardResults = list[list[tuple[int, float, str]]]
+# A shard's answer to one search request: every query's (rows, scores, document ids).
+ShardResults = ShardAnswer
 
 
 class ResultLevel(Choice):
@@ -92,17 +97,21 @@ class FusionParams:
 
 
 class PlanBackend(Protocol):
-    """What answers a plan's requests: direct calls in process (returning values), deployment
-    handles in Serve (returning awaitables)."""
+    """What answers a plan's requests: `answer` takes one step's requests and returns their
+    answers in order (a list in process; an awaitable of one where the answers come from
+    other processes)."""
 
-    def encode(self, texts: Sequence[str]) -> Any: ...
-
-    def search(self, shard: int, ranker: Ranker, inputs: Any, k: int) -> Any: ...
-
-    def read_chunks(self, shard: int, rows: Sequence[int]) -> Any: ...
+    def answer(self, requests: Sequence[Request]) -> Any: ...
 
 
-def answer_request(backend: PlanBackend, request: Request) -> Any:
+class DirectCalls:
+    """A backend's `answer` as one method call per request (encode / search / read_chunks)."""
+
+    def answer(self, requests: Sequence[Request]) -> list[Any]:
+        return [answer_request(self, request) for request in requests]
+
+
+def answer_request(backend: Any, request: Request) -> Any:
     """Send one request of a plan to the backend method that answers it."""
     if isinstance(request, Encode):
         return backend.encode(request.texts)
@@ -153,13 +162,24 @@ def bm25_consistency_problem(shards: Sequence[ShardFacts]) -> str | None:
     return None
 
 
-def search_shard(shard: IndexShard, ranker: Ranker, inputs: Any, k: int) -> ShardResults:
+def search_shard(shard: IndexShard, ranker: Ranker, inputs: Any, k: int) -> ShardAnswer:
     """Answer a SearchShard request against a loaded shard."""
     if Ranker.from_str(ranker) is Ranker.BM25:
-        results = shard.search_sparse(list(inputs), k)
+        per_query = shard.search_sparse_arrays(list(inputs), k)
     else:
-        results = shard.search_dense(np.ascontiguousarray(inputs, dtype=np.float32), k)
-    return [[(row, score, shard.doc_id(row)) for row, score in per_query] for per_query in results]
+        per_query = shard.search_dense_arrays(np.ascontiguousarray(inputs, dtype=np.float32), k)
+    return ShardAnswer.of(per_query, shard.store.doc_ids_of)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One ranked result before its chunk is read: where the chunk is, its score, and its rank
+    in each ranker's list that holds it."""
+
+    shard: int
+    row: int
+    score: float
+    ranks: dict[str, int]
 
 
 def retrieval_plan(
@@ -169,14 +189,19 @@ def retrieval_plan(
     top_k: int,
     shard_sizes: Sequence[int],
     fusion: FusionParams,
+    vectors: np.ndarray | None = None,
 ) -> Plan:
-    """Rank `top_k` hits per (already checked) query over shards of the given sizes (0: empty)."""
+    """Rank `top_k` hits per (already checked) query over shards of the given sizes (0: empty).
+
+    `vectors`, when given, are the queries' embeddings (the plan then asks for no encoding).
+    """
     depth = top_k if mode is not SearchMode.HYBRID else max(top_k, fusion.fusion_depth)
     rankers: list[tuple[str, Any]] = []
     if mode in (SearchMode.BM25, SearchMode.HYBRID):
         rankers.append((BM25, list(queries)))
     if mode in (SearchMode.DENSE, SearchMode.HYBRID):
-        (vectors,) = yield [Encode(tuple(queries))]
+        if vectors is None:
+            (vectors,) = yield [Encode(tuple(queries))]
         rankers.append((DENSE, np.ascontiguousarray(vectors, dtype=np.float32)))
     per_ranker = yield from _candidates(rankers, len(queries), depth, level, shard_sizes)
 
@@ -185,7 +210,7 @@ def retrieval_plan(
         candidates = [per_ranker[name][i] for name, _ in rankers]
         ranked.append(_rank(candidates, level, depth, top_k, fusion))
 
-    wanted = sorted({(ref.shard, ref.row) for items in ranked for ref, _, _ in items})
+    wanted = sorted({(item.shard, item.row) for items in ranked for item in items})
     by_shard: dict[int, list[int]] = {}
     for shard, row in wanted:
         by_shard.setdefault(shard, []).append(row)
@@ -195,7 +220,7 @@ def retrieval_plan(
     for read, read_chunks in zip(reads, answers):
         chunks.update(((read.shard, row), chunk) for row, chunk in zip(read.rows, read_chunks))
     return [
-        [_hit(chunks[ref.shard, ref.row], score, rank, ranks) for rank, (ref, score, ranks) in enumerate(items, 1)]
+        [_hit(chunks[item.shard, item.row], item.score, rank, item.ranks) for rank, item in enumerate(items, 1)]
         for items in ranked
     ]
 
@@ -232,9 +257,8 @@ def _candidates(
             per_shard = [(req.shard, ans) for (n, req), ans in zip(asked, answers) if n == name]
             still_short = []
             for j, i in enumerate(pending[name]):
-                lists = {shard: results[j] for shard, results in per_shard}
-                merged = merge_shard_results(name, lists, k)
-                exhausted = all(len(lists[s]) < min(k, shard_sizes[s]) for s in live)
+                merged = merge_shards(name, {shard: answer.query(j) for shard, answer in per_shard}, k)
+                exhausted = all(answer.count(j) < min(k, shard_sizes[shard]) for shard, answer in per_shard)
                 enough = level is ResultLevel.CHUNK or merged.n_documents >= depth
                 if enough or exhausted or k >= total:
                     out[name][i] = merged
@@ -251,48 +275,60 @@ def _select(inputs: Any, rows: list[int]) -> Any:
     return [inputs[i] for i in rows]
 
 
-def _rank(
-    candidates: list[Candidates], level: ResultLevel, depth: int, top_k: int, fusion: FusionParams
-) -> list[tuple[ChunkRef, float, dict[str, int]]]:
-    """The top `top_k` items of one query as (chunk, score, rank per ranker)."""
-    if level is ResultLevel.CHUNK:
-        lists = [c.chunk_list(depth) for c in candidates]
-        best = {ref.key: ref for c in candidates for ref in c.refs[:depth]}
-    else:
-        lists, best = [], {}
-        for c in candidates:
-            ranked, best_chunks = c.document_list(depth)
-            lists.append(ranked)
-            for doc_id, ref in best_chunks.items():
-                best.setdefault(doc_id, ref)
-        if len(candidates) > 1:
-            best = _best_fused_chunks(candidates, best, fusion)
-
-    if len(lists) == 1:
-        only = lists[0]
-        items = [
-            (key, score, {only.name: pos + 1})
-            for pos, (key, score) in enumerate(zip(only.keys[:top_k], only.scores[:top_k]))
+def _rank(candidates: list[Candidates], level: ResultLevel, depth: int, top_k: int, fusion: FusionParams) -> list[Item]:
+    """The top `top_k` items of one query (order rules: retrieve/candidates.py)."""
+    if len(candidates) == 1:
+        only = candidates[0]
+        positions = np.arange(min(depth, len(only))) if level is ResultLevel.CHUNK else only.first_per_document(depth)
+        return [
+            Item(int(only.shards[p]), int(only.rows[p]), float(only.scores[p]), {only.ranker: rank})
+            for rank, p in enumerate(positions[:top_k].tolist(), 1)
         ]
-    else:
-        fused = reciprocal_rank_fusion(lists, k=fusion.rrf_k, weights=fusion.weights, limit=top_k)
-        items = [(f.key, f.score, dict(f.ranks)) for f in fused]
-    return [(best[key], score, ranks) for key, score, ranks in items]
+    names = [c.ranker for c in candidates]
+    weights = _weights(names, fusion)
+    if level is ResultLevel.CHUNK:
+        heads = [(c.doc_ids[:depth], c.rows[:depth], c.shards[:depth]) for c in candidates]
+        codes, representative = chunk_codes(heads)
+        fused = fuse_codes(codes, weights, fusion.rrf_k, len(representative), top_k)
+        shards = np.concatenate([h[2] for h in heads])
+        rows = np.concatenate([h[1] for h in heads])
+        where = representative[fused.codes]
+        return [
+            Item(int(shards[p]), int(rows[p]), score, _ranks(names, fused.ranks[:, i]))
+            for i, (p, score) in enumerate(zip(where.tolist(), fused.scores.tolist()))
+        ]
+    # Documents, each represented by its chunk that ranks highest when the chunk lists are fused.
+    firsts = [c.first_per_document(depth) for c in candidates]
+    doc_codes, distinct = codes_of([c.doc_ids[f] for c, f in zip(candidates, firsts)])
+    fused = fuse_codes(doc_codes, weights, fusion.rrf_k, len(distinct), top_k)
+    whole = [(c.doc_ids, c.rows, c.shards) for c in candidates]
+    codes, representative = chunk_codes(whole)
+    chunks = fuse_codes(codes, weights, fusion.rrf_k, len(representative))
+    in_order = representative[chunks.codes]  # positions in the concatenated lists, best fused first
+    docs = np.concatenate([w[0] for w in whole])[in_order]
+    rows = np.concatenate([w[1] for w in whole])[in_order]
+    shards = np.concatenate([w[2] for w in whole])[in_order]
+    first = np.unique(docs, return_index=True)
+    best = dict(zip(first[0].tolist(), first[1].tolist()))
+    items = []
+    for i, (doc, score) in enumerate(zip(distinct[fused.codes].tolist(), fused.scores.tolist())):
+        p = best[doc]
+        items.append(Item(int(shards[p]), int(rows[p]), score, _ranks(names, fused.ranks[:, i])))
+    return items
 
 
-def _best_fused_chunks(
-    candidates: list[Candidates], fallback: dict[str, ChunkRef], fusion: FusionParams
-) -> dict[str, ChunkRef]:
-    """Each document's chunk that ranks highest when the chunk lists are fused."""
-    refs = {ref.key: ref for c in candidates for ref in c.refs}
-    fused = reciprocal_rank_fusion(
-        [c.chunk_list() for c in candidates], k=fusion.rrf_k, weights=fusion.weights
-    )
-    best: dict[str, ChunkRef] = {}
-    for item in fused:
-        ref = refs[item.key]
-        best.setdefault(ref.doc_id, ref)
-    return {doc_id: best.get(doc_id, ref) for doc_id, ref in fallback.items()}
+def _weights(names: list[str], fusion: FusionParams) -> list[float]:
+    unknown = sorted(set(fusion.weights) - set(names))
+    if unknown:
+        raise ValueError(f"weights given for unknown ranked lists: {unknown}")
+    weights = [float(fusion.weights.get(name, 1.0)) for name in names]
+    if any(w < 0 for w in weights):
+        raise ValueError(f"RRF weights must be >= 0, got {weights}")
+    return weights
+
+
+def _ranks(names: list[str], ranks: np.ndarray) -> dict[str, int]:
+    return {name: int(r) for name, r in zip(names, ranks.tolist()) if r > 0}
 
 
 def _hit(chunk: Chunk, score: float, rank: int, ranks: dict[str, int]) -> Hit:
@@ -308,22 +344,20 @@ def _hit(chunk: Chunk, score: float, rank: int, ranks: dict[str, int]) -> Hit:
 
 
 def run_plan(plan: Plan, backend: PlanBackend) -> list[list[Hit]]:
-    """Drive a plan with direct calls, one request after another."""
+    """Drive a plan with a backend that answers in this thread."""
     try:
         requests = next(plan)
         while True:
-            requests = plan.send([answer_request(backend, r) for r in requests])
+            requests = plan.send(list(backend.answer(requests)))
     except StopIteration as done:
         return done.value
 
 
 async def run_plan_async(plan: Plan, backend: PlanBackend) -> list[list[Hit]]:
-    """Drive a plan with a backend whose methods return awaitables; the requests of one step
-    run concurrently."""
+    """Drive a plan with a backend whose `answer` returns an awaitable."""
     try:
         requests = next(plan)
         while True:
-            answers = await asyncio.gather(*(answer_request(backend, r) for r in requests))
-            requests = plan.send(list(answers))
+            requests = plan.send(list(await backend.answer(requests)))
     except StopIteration as done:
         return done.value

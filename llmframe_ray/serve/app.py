@@ -1,7 +1,11 @@
 """The app builder: `build_app(args)` composes the deployments into one Serve application.
 
-    Ingress -> Retriever -> QueryEncoder, DenseShard-i and SparseShard-i for every shard i
+    Ingress -> Retriever -> [QueryEncoder], [ShardGroup-g for every group g of shards]
             -> Reranker (when enabled) -> Generator (provider chain), Sessions
+
+The Retriever batches whole requests; it encodes queries in its own process or through the
+QueryEncoder, and searches shards in its own process or through ShardGroup deployments (each
+holding `shards_per_group` shards with both rankers), as the args say.
 
 Used by `serve run deployments/local.yaml`, `serve deploy deployments/cluster.yaml`, KubeRay
 (deployments/rayservice.yaml) and `llmframe-ray serve --index DIR`.
@@ -20,20 +24,18 @@ from llmframe_ray.api.auth import ApiKeys
 from llmframe_ray.config import Settings, load_settings
 from llmframe_ray.errors import ConfigError, IndexLoadError
 from llmframe_ray.index.versions import IndexDirectory
-from llmframe_ray.serve.dense_shard import DenseShard
 from llmframe_ray.serve.encoder import QueryEncoder
 from llmframe_ray.serve.generator import Generator
 from llmframe_ray.serve.ingress import Ingress
 from llmframe_ray.serve.reranker import Reranker
-from llmframe_ray.serve.retriever import Retriever
+from llmframe_ray.serve.retriever import Retriever, RetrieverArgs
 from llmframe_ray.serve.sessions import Sessions
-from llmframe_ray.serve.sparse_shard import SparseShard
+from llmframe_ray.serve.shard_group import ShardGroup
 
 
 DEPLOYMENTS = {
     "QueryEncoder": QueryEncoder,
-    "DenseShard": DenseShard,
-    "SparseShard": SparseShard,
+    "ShardGroup": ShardGroup,
     "Retriever": Retriever,
     "Reranker": Reranker,
     "Generator": Generator,
@@ -42,8 +44,14 @@ DEPLOYMENTS = {
 }
 
 
-def shard_deployment_name(kind: str, shard: int) -> str:
-    return f"{kind}-{shard}"
+def group_deployment_name(group: int) -> str:
+    return f"ShardGroup-{group}"
+
+
+def shard_groups(n_shards: int, per_group: int | None) -> list[tuple[int, ...]]:
+    """Shards 0..n-1 in consecutive groups of `per_group` (None: one group of all)."""
+    size = n_shards if per_group is None else per_group
+    return [tuple(range(start, min(start + size, n_shards))) for start in range(0, n_shards, max(size, 1))]
 
 
 class AppArgs(BaseModel):
@@ -52,12 +60,24 @@ class AppArgs(BaseModel):
     index_dir: str = Field(description="Index directory (its CURRENT version is served); relative paths are resolved where the app is built.")
     settings: dict[str, Any] = Field(default_factory=dict, description="Overrides of LLMFRAME_* settings, by field name (e.g. reranker_model).")
     reranker: Optional[bool] = Field(None, description="Deploy the Reranker (default: LLMFRAME_RERANKER_ENABLED).")
+    encoder_in_retriever: bool = Field(
+        False, description="Encode queries in the Retriever's process (one machine: saves a hop) instead of a QueryEncoder deployment."
+    )
+    shards_in_retriever: bool = Field(
+        False, description="Search the shards in the Retriever's process instead of ShardGroup deployments."
+    )
+    retriever_in_ingress: bool = Field(
+        False, description="Run the Retriever inside each Ingress replica (one machine: no hop) instead of its own deployment."
+    )
+    shards_per_group: Optional[int] = Field(
+        None, ge=1, description="Shards per ShardGroup deployment, both rankers each (default: all shards in one group)."
+    )
     deployment_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description=(
             "Serve deployment options (num_replicas, autoscaling_config, ray_actor_options, user_config, ...) by "
-            "deployment: QueryEncoder, Retriever, Reranker, Generator, Ingress, and DenseShard / SparseShard for "
-            "every shard. A Serve config's `deployments:` list can set the first five too."
+            "deployment: QueryEncoder, Retriever, Reranker, Generator, Ingress, and ShardGroup for every shard "
+            "group. A Serve config's `deployments:` list can set the first five too."
         ),
     )
 
@@ -68,6 +88,22 @@ class AppArgs(BaseModel):
         if unknown:
             raise ValueError(f"unknown deployment(s) {unknown}; known: {', '.join(DEPLOYMENTS)}")
         return value
+
+
+def local_layout(index_dir: str, cpus: int, **fields: Any) -> AppArgs:
+    """One machine of `cpus` cores: retrieval (encoder and every shard) inside each Ingress
+    replica, one replica per core with one model thread each, so that a request makes no hop
+    between replicas (`llmframe-ray serve`, deployments/local.yaml)."""
+    options = dict(fields.pop("deployment_options", {}))
+    options.setdefault("Ingress", {"num_replicas": max(1, cpus), "ray_actor_options": {"num_cpus": 0.5}})
+    return AppArgs(
+        index_dir=index_dir,
+        retriever_in_ingress=True,
+        encoder_in_retriever=True,
+        shards_in_retriever=True,
+        deployment_options=options,
+        **fields,
+    )
 
 
 def build_app(args: AppArgs) -> Application:
@@ -104,24 +140,28 @@ def build_app(args: AppArgs) -> Application:
         return DEPLOYMENTS[kind].options(**options) if options else DEPLOYMENTS[kind]
 
     retrieval = params.retrieval
-    encoder = deployment("QueryEncoder").bind(params.embedder)
-    dense = [
-        deployment("DenseShard", shard_deployment_name("DenseShard", i)).bind(str(root), i, retrieval, settings.num_threads)
-        for i in range(n_shards)
-    ]
-    sparse = [
-        deployment("SparseShard", shard_deployment_name("SparseShard", i)).bind(str(root), i, retrieval)
-        for i in range(n_shards)
-    ]
-    retriever = deployment("Retriever").bind(encoder, dense, sparse, str(root), retrieval, params.index_watch_interval_s)
+    groups = shard_groups(n_shards, args.shards_per_group)
+    if args.shards_in_retriever:
+        placed: list[tuple[tuple[int, ...], Any]] = [(tuple(range(n_shards)), None)]
+    else:
+        placed = [
+            (shards, deployment("ShardGroup", group_deployment_name(g)).bind(str(root), shards, retrieval, settings.num_threads))
+            for g, shards in enumerate(groups)
+        ]
+    encoder = params.embedder if args.encoder_in_retriever else deployment("QueryEncoder").bind(params.embedder)
+    retriever_args = RetrieverArgs(encoder, placed, str(root), retrieval, params.index_watch_interval_s, settings.num_threads)
+    retriever = retriever_args if args.retriever_in_ingress else deployment("Retriever").bind(retriever_args)
     reranker = deployment("Reranker").bind(params.reranker_model, params.rerank.depth) if use_reranker else None
     generator = deployment("Generator").bind(params.providers, params.service.generation.prices)
     sessions = deployment("Sessions").bind(params.sessions)
 
-    probes = {"QueryEncoder": encoder, "Retriever": retriever, "Generator": generator, "Sessions": sessions}
-    probes.update({shard_deployment_name("DenseShard", i): d for i, d in enumerate(dense)})
-    probes.update({shard_deployment_name("SparseShard", i): s for i, s in enumerate(sparse)})
-    batched = {"QueryEncoder": encoder}
+    probes = {"Generator": generator, "Sessions": sessions}
+    batched = {}
+    if not args.retriever_in_ingress:  # else the Ingress adds its own
+        probes["Retriever"] = batched["Retriever"] = retriever
+    if not args.encoder_in_retriever:
+        probes["QueryEncoder"] = batched["QueryEncoder"] = encoder
+    probes.update({group_deployment_name(g): handle for g, (_, handle) in enumerate(placed) if handle is not None})
     if reranker is not None:
         probes["Reranker"] = reranker
         batched["Reranker"] = reranker

@@ -1,16 +1,23 @@
-"""QueryEncoder: the ONNX embedder, batching queries across requests (`@serve.batch`)."""
+"""QueryEncoder: the ONNX embedder as its own deployment, batching queries across calls
+(`@serve.batch`). Used when the Retriever does not encode in its own process."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from ray import serve
 
-from llmframe_ray.errors import QueryError
-from llmframe_ray.models.embedder import EmbedderParams, load_embedder
+from llmframe_ray.models.embedder import EmbedderParams, embed_each, load_embedder
 from llmframe_ray.serve.replica import BatchStats, with_replica_threads
+
+
+MAX_BATCH = 64  # queries
+
+
+def _texts(calls: list[tuple[str, ...]]) -> int:
+    return sum(len(texts) for texts in calls)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=128)
@@ -18,35 +25,39 @@ class QueryEncoder:
     def __init__(self, params: EmbedderParams) -> None:
         self.embedder = load_embedder(with_replica_threads(params))
         self.stats = BatchStats()
+        self.max_batch = MAX_BATCH
         self.embedder.embed(["warm up"] * 32)
 
     async def encode(self, query: str) -> np.ndarray:
         """The query's unit vector; a query over the model's token limit raises QueryTooLongError."""
-        result = await self._encode_batch(query)
+        (result,) = await self._encode_batch((query,))
         if isinstance(result, Exception):
             raise result
         return result
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
-    async def _encode_batch(self, queries: list[str]) -> list[np.ndarray | Exception]:
-        self.stats.record(len(queries))
-        out: list[np.ndarray | Exception | None] = [None] * len(queries)
-        checked: list[tuple[int, str]] = []
-        for i, query in enumerate(queries):
-            try:
-                checked.append((i, self.embedder.check_query(query)))
-            except QueryError as exc:  # fails this query only, not the batch
-                out[i] = exc
-        if checked:
-            vectors = await asyncio.to_thread(self.embedder.embed, [q for _, q in checked])
-            for (i, _), vector in zip(checked, np.asarray(vectors, dtype=np.float32)):
-                out[i] = vector
-        return out  # type: ignore[return-value]
+    async def encode_many(self, queries: Sequence[str]) -> list[np.ndarray | Exception]:
+        """Each query's unit vector, or the error of that query alone (embed_each)."""
+        step = self.max_batch  # a call larger than a batch is split
+        parts = [tuple(queries[i : i + step]) for i in range(0, len(queries), step)]
+        answers = await asyncio.gather(*(self._encode_batch(part) for part in parts))
+        return [result for answer in answers for result in answer]
+
+    @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.002, batch_size_fn=_texts)
+    async def _encode_batch(self, calls: list[tuple[str, ...]]) -> list[list[np.ndarray | Exception]]:
+        texts = [text for call in calls for text in call]
+        self.stats.record(len(calls), len(texts))
+        results = await asyncio.to_thread(embed_each, self.embedder, texts)
+        out, start = [], 0
+        for call in calls:
+            out.append(results[start : start + len(call)])
+            start += len(call)
+        return out
 
     def reconfigure(self, config: Mapping[str, Any]) -> None:
-        """user_config: {max_batch_size, batch_wait_timeout_s}."""
+        """user_config: {max_batch_size (queries), batch_wait_timeout_s}."""
         if "max_batch_size" in config:
-            self._encode_batch.set_max_batch_size(int(config["max_batch_size"]))
+            self.max_batch = int(config["max_batch_size"])
+            self._encode_batch.set_max_batch_size(self.max_batch)
         if "batch_wait_timeout_s" in config:
             self._encode_batch.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
 

@@ -15,6 +15,7 @@ from llmframe_ray.api.auth import ApiKeys
 from llmframe_ray.api.http import create_app
 from llmframe_ray.api.params import ServiceParams
 from llmframe_ray.serve.replica import unwrap
+from llmframe_ray.serve.retriever import RetrieverArgs, RetrieverCore
 from llmframe_ray.api.service import RagService, Retrieved, StageUnavailableError
 from llmframe_ray.generate.base import Completion, Message, StreamEnd
 from llmframe_ray.types import SearchMode
@@ -29,7 +30,7 @@ class ServeStages:
 
     def __init__(
         self,
-        retriever: DeploymentHandle,
+        retriever: DeploymentHandle | RetrieverCore,
         reranker: DeploymentHandle | None,
         generator: DeploymentHandle,
         sessions: DeploymentHandle,
@@ -57,6 +58,8 @@ class ServeStages:
                 attempt += 1
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
+        if isinstance(self.retriever, RetrieverCore):
+            return await self.retriever.retrieve(query, mode, level, top_k)
         return await self._call("retriever", lambda: self.retriever.retrieve.remote(query, mode, level, top_k))
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
@@ -85,7 +88,9 @@ class ServeStages:
         await self._call("sessions", lambda: self.sessions.append.remote(session_id, question, answer))
 
     async def readiness(self) -> dict[str, str]:
-        async def probe(handle: DeploymentHandle) -> str:
+        async def probe(handle: Any) -> str:
+            if isinstance(handle, RetrieverCore):
+                return handle.ready()
             try:
                 return await asyncio.wait_for(handle.ready.remote(), PROBE_TIMEOUT_S)
             except Exception as exc:
@@ -96,14 +101,22 @@ class ServeStages:
         return dict(zip(names, states))
 
     async def index_info(self) -> dict[str, Any]:
+        if isinstance(self.retriever, RetrieverCore):
+            return self.retriever.index_info()
         return await self._call("retriever", lambda: self.retriever.index_info.remote())
 
     async def reload(self) -> dict[str, Any]:
+        if isinstance(self.retriever, RetrieverCore):
+            return await self.retriever.reload()
         return await self._call("retriever", lambda: self.retriever.reload.remote())
 
     async def stats(self) -> dict[str, Any]:
         names = list(self.batched)
-        values = await asyncio.gather(*(self.batched[n].batch_stats.remote() for n in names))
+
+        async def batch_stats(handle: Any) -> dict[str, float]:
+            return handle.batch_stats() if isinstance(handle, RetrieverCore) else await handle.batch_stats.remote()
+
+        values = await asyncio.gather(*(batch_stats(self.batched[n]) for n in names))
         usage = await self.generator.usage.remote()
         return {"note": "counters of the replica that answered, since it started", **dict(zip(names, values)), "Generator": usage}
 
@@ -111,9 +124,9 @@ class ServeStages:
 @serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
 @serve.ingress()
 class Ingress:
-    def __init__(
+    async def __init__(
         self,
-        retriever: DeploymentHandle,
+        retriever: DeploymentHandle | RetrieverArgs,
         reranker: DeploymentHandle | None,
         generator: DeploymentHandle,
         sessions: DeploymentHandle,
@@ -123,6 +136,9 @@ class Ingress:
         params: ServiceParams,
     ) -> None:
         self.keys = keys  # digests only: the keys themselves never leave the app builder
+        if isinstance(retriever, RetrieverArgs):  # retrieval in this process: no hop
+            retriever = await RetrieverCore(retriever).start()
+            probes, batched = {**probes, "Retriever": retriever}, {**batched, "Retriever": retriever}
         stages = ServeStages(retriever, reranker, generator, sessions, probes, batched)
         self.service = RagService(stages, params)
 

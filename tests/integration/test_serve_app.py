@@ -73,7 +73,7 @@ def app(tmp_path_factory, model_dir, tiny_reranker_dir):
     }
     index_dir = tmp_path_factory.mktemp("serve") / "index"
     build_index(DOCS, index_dir, load_settings(**overrides).params().index, OnnxEmbedder(model_dir, threads=2), shards=2)
-    with running_app(index_dir, overrides, reranker=True) as url:
+    with running_app(index_dir, overrides, reranker=True, shards_per_group=1) as url:
         yield App(url, index_dir, overrides)
 
 
@@ -143,7 +143,7 @@ def test_readyz_and_index(app, client):
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert set(ready.json()["stages"]) == {
-        "QueryEncoder", "Retriever", "Generator", "Sessions", "Reranker", "DenseShard-0", "DenseShard-1", "SparseShard-0", "SparseShard-1",
+        "QueryEncoder", "Retriever", "Generator", "Sessions", "Reranker", "ShardGroup-0", "ShardGroup-1",
     }
     info = client.get("/v1/index", headers=AUTH).json()
     assert info["version"] == IndexDirectory(app.index_dir).current_version()
@@ -223,7 +223,7 @@ def test_a_killed_shard_replica_is_replaced_without_failed_requests(app):
     threads = run_load(app.url, {"query": "why iron rusts", "mode": "dense", "top_k": 3}, stop, results, clients=2)
     try:
         wait_for(lambda: len(results) >= 10, 60, "requests before the kill")
-        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "DenseShard-0" in a["name"]]
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "ShardGroup-0" in a["name"]]
         assert len(names) == 1, names
         ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
         count = len(results)

@@ -1,8 +1,10 @@
 """Parity on SciFact: the served app's /v1/search returns exactly the in-process pipeline's
-top 100 (documents, chunks, ranks per ranker, scores) for all 300 test queries in every mode.
+top 100 (documents, chunks, ranks per ranker, scores) for all 300 test queries in every mode,
+in both layouts: the DAG of deployments, and retrieval inside the Ingress replicas (the layout
+of `llmframe-ray serve`).
 
-Requests go one at a time, so the QueryEncoder embeds each query alone, as the in-process
-embedder does (1 thread, as the replica's 0.5 CPU gives it)."""
+Requests go one at a time, so each query is embedded alone, as the in-process embedder does
+(1 thread, as a replica's CPU share gives it)."""
 
 import httpx
 import pytest
@@ -20,7 +22,8 @@ KEY = "scifact-parity"
 
 
 @pytest.mark.quality
-def test_served_search_equals_pipeline_on_scifact(model_dir, embedder):
+@pytest.mark.parametrize("local", [False, True], ids=["dag", "local"])
+def test_served_search_equals_pipeline_on_scifact(model_dir, embedder, local):
     if not SCIFACT.is_dir():
         pytest.fail(f"{SCIFACT} is missing: the quality test needs ../shared/eval beside the checkout")
     settings = load_settings()
@@ -28,7 +31,7 @@ def test_served_search_equals_pipeline_on_scifact(model_dir, embedder):
     index = cached_index(dataset, settings.params().index, embedder, settings.indexes_dir)
     pipeline = Pipeline.open(index, OnnxEmbedder(model_dir, threads=1), settings.params().retrieval)
     mismatches = []
-    with running_app(index, {"api_secret_key": KEY}) as url, httpx.Client(base_url=url, timeout=120) as client:
+    with running_app(index, {"api_secret_key": KEY}, local=local) as url, httpx.Client(base_url=url, timeout=120) as client:
         for mode in ("bm25", "dense", "hybrid"):
             for qid, query in dataset.queries.items():
                 response = client.post("/v1/search", headers={"X-API-Key": KEY}, json={"query": query, "mode": mode, "top_k": 100})

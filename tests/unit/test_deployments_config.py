@@ -26,7 +26,7 @@ def test_serve_config_is_valid(name):
     assert application["import_path"] == "llmframe_ray.serve.app:build_app"
     args = AppArgs.model_validate(application["args"])
     named = {d["name"] for d in application.get("deployments", [])}
-    assert named <= set(DEPLOYMENTS) - {"DenseShard", "SparseShard"}  # shards are named per index
+    assert named <= set(DEPLOYMENTS) - {"ShardGroup"}  # shard groups are named per index
     if "Reranker" in named:
         assert args.reranker is True  # a config for a deployment the app lacks is rejected by Serve
 

@@ -1,11 +1,11 @@
-"""The per-shard version cache behind DenseShard / SparseShard (plain Python, no Ray)."""
+"""The version cache of a group of shards behind ShardGroup and the Retriever (plain Python, no Ray)."""
 
 import asyncio
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
-from llmframe_ray.retrieve.plan import Ranker
+from llmframe_ray.retrieve.plan import Ranker, ReadChunks, SearchShard
 from llmframe_ray.retrieve.shard_cache import ShardCache
 from llmframe_ray.types import Document
 
@@ -17,18 +17,19 @@ def test_an_older_version_asked_for_again_is_loaded_and_served(tmp_path, embedde
     for n in range(3):
         docs = [Document(f"d{i}", text=f"a short note about {fruit}") for i, fruit in enumerate(["apple", "banana", "cherry", "damson"][: n + 2])]
         versions.append(build_index(docs, root, settings.params().index, embedder))
-    server = ShardCache(str(root), 0, Ranker.BM25, settings.params().retrieval, keep_versions=2)
+    server = ShardCache(str(root), [0], settings.params().retrieval, keep_versions=2)
     assert server.loaded_versions() == [versions[2]]
 
     async def sizes():
         out = []
         for version in (versions[1], versions[0], versions[2], versions[0]):
             shard = await server.version(version)
-            out.append(len(shard))
+            out.append(len(shard[0]))
         return out
 
     assert asyncio.run(sizes()) == [3, 2, 4, 2]
     assert server.loaded_versions() == [versions[2], versions[0]]  # the two most recently used
-    hits = asyncio.run(server.search(versions[0], ["banana"], 1))
-    assert hits[0][0][2] == "d1"
+    found, chunks = asyncio.run(server.answer(versions[0], [SearchShard(Ranker.BM25, 0, ["banana"], 1), ReadChunks(0, (1,))]))
+    assert found.as_lists() == [[(1, found.scores[0].item(), "d1")]]
+    assert [c.doc_id for c in chunks] == ["d1"]
     assert IndexDirectory(root).current_version() == versions[2]

@@ -1,0 +1,66 @@
+"""The one-machine layout (`llmframe-ray serve`, deployments/local.yaml): retrieval inside each
+of two Ingress replicas, no hop between replicas. Same answers as the in-process pipeline, and
+concurrent requests in one batch that hold a bad query get their own answers."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import pytest
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.ingest.build import build_index
+from llmframe_ray.models.embedder import OnnxEmbedder
+from llmframe_ray.retrieve.pipeline import Pipeline
+from tests.integration.test_serve_app import AUTH, DOCS, KEY, QUERIES, local_hits, served_hits
+from tests.serving import running_app
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, model_dir):
+    overrides = {"api_secret_key": KEY, "fusion_depth": 10, "index_watch_interval_s": 0}
+    index_dir = tmp_path_factory.mktemp("local") / "index"
+    build_index(DOCS, index_dir, load_settings(**overrides).params().index, OnnxEmbedder(model_dir, threads=2), shards=2)
+    with running_app(index_dir, overrides, local=True) as url, httpx.Client(base_url=url, timeout=60) as client:
+        yield client, index_dir, overrides
+
+
+def test_two_ingress_replicas_hold_the_retriever(served):
+    client, _, _ = served
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and set(ready.json()["stages"]) == {"Retriever", "Generator", "Sessions"}
+    replicas = [a for a in ray.util.list_named_actors(all_namespaces=True) if "Ingress" in a["name"]]
+    assert len(replicas) == 2, replicas
+
+
+def test_search_equals_in_process_pipeline(served, model_dir):
+    client, index_dir, overrides = served
+    loaded = IndexDirectory(index_dir).load()
+    pipeline = Pipeline(loaded.shards, OnnxEmbedder(model_dir, threads=1), load_settings(**overrides).params().retrieval)
+    for mode in ("bm25", "dense", "hybrid"):
+        for query in QUERIES:
+            response = client.post("/v1/search", headers=AUTH, json={"query": query, "mode": mode, "top_k": 5})
+            assert response.json()["version"] == loaded.version
+            assert served_hits(response) == local_hits(pipeline.search(query, mode, 5)), (mode, query)
+
+
+def test_concurrent_requests_with_a_bad_query_among_them(served):
+    client, _, _ = served
+    bodies = [{"query": q, "mode": "dense", "top_k": 3} for q in QUERIES[:12]]
+    bodies.insert(6, {"query": "tide " * 400, "mode": "dense", "top_k": 3})
+    expected = {b["query"]: client.post("/v1/search", headers=AUTH, json=b) for b in bodies}
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        for _ in range(3):
+            answers = list(pool.map(lambda b: client.post("/v1/search", headers=AUTH, json=b), bodies))
+            for body, response in zip(bodies, answers):
+                alone = expected[body["query"]]
+                assert response.status_code == alone.status_code, (body["query"][:20], response.text[:200])
+                if response.status_code == 200:
+                    assert served_hits(response) == served_hits(alone)
+    assert expected["tide " * 400].status_code == 422
+    stats = client.get("/v1/stats", headers=AUTH).json()
+    assert stats["Retriever"]["largest_batch_calls"] >= 1

@@ -1,0 +1,84 @@
+"""The Retriever's batch path without a cluster: one plan for many requests, each answered as
+the in-process pipeline answers it alone, and a request that fails inside a batch fails alone."""
+
+import asyncio
+
+import pytest
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.errors import QueryTooLongError
+from llmframe_ray.ingest.build import build_index
+from llmframe_ray.models.embedder import OnnxEmbedder
+from llmframe_ray.retrieve import plan as plan_module
+from llmframe_ray.retrieve.pipeline import Pipeline
+from llmframe_ray.retrieve.plan import ResultLevel
+from llmframe_ray.types import Document, SearchMode
+
+retriever = pytest.importorskip("llmframe_ray.serve.retriever")
+
+DOCS = [
+    Document("tides", "Ocean tides are driven by the gravitational pull of the Moon and the Sun."),
+    Document("bees", "Honey bees tell the direction of flowers with a waggle dance."),
+    Document("rust", "Iron rusts when it reacts with oxygen and water."),
+    Document("tea", "Green tea leaves are steamed soon after picking to stop oxidation."),
+    Document("lava", "Basaltic lava erupts from shield volcanoes such as Mauna Loa."),
+]
+QUERIES = ["what causes tides", "bee dance", "why iron rusts", "volcano lava", "green tea"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, model_dir):
+    settings = load_settings(fusion_depth=10)
+    params = settings.params()
+    root = tmp_path_factory.mktemp("retriever") / "index"
+    build_index(DOCS, root, params.index, OnnxEmbedder(model_dir, threads=1), shards=2)
+    embedder = params.embedder.with_threads(1)
+
+    async def start():
+        args = retriever.RetrieverArgs(embedder, [((0, 1), None)], str(root), params.retrieval, 0, 1)
+        return await retriever.RetrieverCore(args).start()
+
+    core = asyncio.run(start())
+    pipeline = Pipeline.open(root, OnnxEmbedder(model_dir, threads=1), params.retrieval)
+    return core, pipeline
+
+
+def key(hits):
+    return [(h.doc_id, h.chunk_id, h.rank, dict(h.ranks), round(h.score, 6)) for h in hits]
+
+
+@pytest.mark.parametrize("mode", list(SearchMode))
+def test_one_plan_for_a_batch_answers_each_request_as_the_pipeline_does_alone(setup, mode):
+    core, pipeline = setup
+    asks = [retriever.Ask(q, mode, ResultLevel.DOCUMENT, 3) for q in QUERIES]
+    results = asyncio.run(core._answer(core.served, asks))
+    assert [key(r.hits) for r in results] == [key(pipeline.search(q, mode, 3)) for q in QUERIES]
+    assert {r.version for r in results} == {core.served.version}
+
+
+def test_a_query_too_long_for_the_model_fails_alone(setup):
+    core, pipeline = setup
+    texts = [QUERIES[0], "tide " * 400, QUERIES[2]]
+    asks = [retriever.Ask(q, SearchMode.HYBRID, ResultLevel.DOCUMENT, 3) for q in texts]
+    first, bad, last = asyncio.run(core._answer(core.served, asks))
+    assert isinstance(bad, QueryTooLongError) and "accepts at most 256" in str(bad)
+    assert key(first.hits) == key(pipeline.search(QUERIES[0], "hybrid", 3))
+    assert key(last.hits) == key(pipeline.search(QUERIES[2], "hybrid", 3))
+
+
+def test_a_request_that_breaks_the_shared_plan_fails_alone(setup, monkeypatch):
+    core, pipeline = setup
+    real = plan_module.search_shard
+
+    def search_shard(shard, ranker, inputs, k):
+        if any("poison" in text for text in inputs if isinstance(text, str)):
+            raise RuntimeError("the analyzer choked on this text")
+        return real(shard, ranker, inputs, k)
+
+    monkeypatch.setattr("llmframe_ray.retrieve.shard_cache.search_shard", search_shard)
+    texts = [QUERIES[1], "poison pill", QUERIES[3]]
+    asks = [retriever.Ask(q, SearchMode.BM25, ResultLevel.DOCUMENT, 3) for q in texts]
+    first, bad, last = asyncio.run(core._answer(core.served, asks))
+    assert isinstance(bad, RuntimeError) and str(bad) == "the analyzer choked on this text"
+    assert key(first.hits) == key(pipeline.search(QUERIES[1], "bm25", 3))
+    assert key(last.hits) == key(pipeline.search(QUERIES[3], "bm25", 3))
