@@ -51,7 +51,7 @@ from llmframe_ray.types import SearchMode
 logger = logging.getLogger("ray.serve")
 
 MAX_BATCH = 64  # requests
-BATCH_WAIT_S = 0.001
+BATCH_WAIT_S = 0.0
 
 
 @dataclass(frozen=True)
