@@ -69,6 +69,7 @@ class Settings(BaseSettings):
     )
     embedding_batch_size: int = Field(32, ge=1, le=4096, validation_alias=_env("EMBEDDING_BATCH_SIZE"))
     num_threads: int | None = Field(None, ge=1, le=1024, validation_alias=_env("NUM_THREADS"))
+    ort_spinning: bool = Field(True, validation_alias=_env("ORT_SPINNING"))
     openai_api_key: str | None = Field(
         None, repr=False, validation_alias=_env("OPENAI_API_KEY", "OPENAI_API_KEY")
     )
@@ -236,7 +237,7 @@ class Settings(BaseSettings):
             embedder=EmbedderParams(
                 provider=self.embedding_provider, models_dir=self.models_dir,
                 max_length=self.embedding_max_length, batch_size=self.embedding_batch_size,
-                threads=self.num_threads, openai=openai,
+                threads=self.num_threads, spinning=self.ort_spinning, openai=openai,
             ),
             index=IndexParams(
                 chunking=ChunkingParams(chunk_size=self.chunk_size, chunk_overlap=self.chunk_overlap),
@@ -259,7 +260,7 @@ class Settings(BaseSettings):
                 model=self.reranker_model, models_dir=self.models_dir, revision=self.reranker_revision,
                 onnx_file=self.reranker_onnx_file, precision=self.reranker_precision,
                 batch_size=self.reranker_batch_size, max_length=self.reranker_max_length,
-                threads=self.num_threads,
+                threads=self.num_threads, spinning=self.ort_spinning,
             ),
             service=ServiceParams(
                 default_mode=default_mode,

@@ -51,6 +51,7 @@ class CrossEncoder:
         max_length: int | None = None,
         batch_size: int = 32,
         threads: int = 1,
+        spinning: bool = True,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.precision = Precision.from_str(precision)
@@ -73,7 +74,7 @@ class CrossEncoder:
         self.batch_size = batch_size
         self.threads = threads
         self._tokenizer = load_tokenizer(self.model_dir / "tokenizer.json", max_length)
-        self._session = create_session(onnx_path, threads)
+        self._session = create_session(onnx_path, threads, spinning)
         self._input_names = {i.name for i in self._session.get_inputs()}
         self.name = str(self.card.get("name") or self.model_dir.name)
 

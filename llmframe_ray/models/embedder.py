@@ -96,6 +96,7 @@ class OnnxEmbedder:
         max_length: int = 256,
         batch_size: int = 32,
         threads: int = 1,
+        spinning: bool = True,
     ) -> None:
         model_dir = Path(model_dir)
         for required in ("model.onnx", "tokenizer.json"):
@@ -114,7 +115,7 @@ class OnnxEmbedder:
 
         self._counter = load_tokenizer(model_dir / "tokenizer.json", None)
         self._tokenizer = load_tokenizer(model_dir / "tokenizer.json", max_length)
-        self._session = create_session(model_dir / "model.onnx", threads)
+        self._session = create_session(model_dir / "model.onnx", threads, spinning)
         self._input_names = {i.name for i in self._session.get_inputs()}
         self.dim = int(self._session.get_outputs()[0].shape[-1])
 
@@ -256,6 +257,7 @@ class EmbedderParams:
     max_length: int = 256
     batch_size: int = 32
     threads: int | None = None
+    spinning: bool = True  # ONNX Runtime's idle threads spin-wait (runtime.create_session)
     openai: OpenAIEmbeddingParams | None = None
 
     def with_threads(self, threads: int) -> EmbedderParams:
@@ -278,4 +280,5 @@ def load_embedder(params: EmbedderParams) -> Embedder:
         max_length=params.max_length,
         batch_size=params.batch_size,
         threads=available_threads(params.threads),
+        spinning=params.spinning,
     )

@@ -55,17 +55,14 @@ def available_threads(threads: int | None = None) -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def spinning() -> bool:
-    """Whether the intra-op threads of a session with 2 or more threads spin-wait between runs
-    (LLMFRAME_ORT_SPINNING, default on, ONNX Runtime's own default). Measured on 2 cores: one
-    query through 2 threads takes 4.2 ms spinning, 5.5 ms not. Serve replicas run one thread
-    each (one replica per core), which has no pool to spin; set it to 0 where several
-    multi-threaded sessions share cores."""
-    return os.environ.get("LLMFRAME_ORT_SPINNING", "1").strip().lower() not in ("0", "false", "no", "off")
+def create_session(model_path: Path, threads: int, spinning: bool = True):
+    """An ONNX Runtime CPU session using `threads` intra-op threads (one inter-op thread).
 
-
-def create_session(model_path: Path, threads: int):
-    """An ONNX Runtime CPU session using `threads` intra-op threads (one inter-op thread)."""
+    `spinning`: whether idle pool threads spin-wait between runs (ONNX Runtime's default; only a
+    session with 2 or more threads has a pool). Measured on 2 cores: one query through 2 threads
+    takes 4.2 ms spinning, 5.5 ms not; but Serve replicas sharing the cores with 2 spinning
+    threads each served half the requests of replicas with one thread each (README "Serving
+    benchmark"): LLMFRAME_ORT_SPINNING=false where multi-threaded sessions share cores."""
     import onnxruntime as ort
 
     if threads < 1:
@@ -74,7 +71,7 @@ def create_session(model_path: Path, threads: int):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    flag = "1" if spinning() else "0"
+    flag = "1" if spinning else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", flag)
     options.add_session_config_entry("session.inter_op.allow_spinning", flag)
     try:

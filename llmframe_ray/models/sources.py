@@ -109,6 +109,7 @@ class RerankerModelParams:
     batch_size: int = 32
     max_length: int | None = None
     threads: int | None = None
+    spinning: bool = True  # ONNX Runtime's idle threads spin-wait (runtime.create_session)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision.from_str(self.precision))
@@ -140,4 +141,5 @@ def load_reranker(
         max_length=params.max_length,
         batch_size=params.batch_size,
         threads=available_threads(params.threads),
+        spinning=params.spinning,
     )
