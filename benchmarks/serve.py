@@ -523,7 +523,8 @@ def plot(cells: list[Cell], reference: dict[str, float] | None, path: Path, titl
     import matplotlib.pyplot as plt
 
     fig, (rate_ax, p50_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for side, mode in sorted({(c.side, c.mode) for c in cells}):
+    swept = [c for c in cells if len({d.clients for d in cells if (d.side, d.mode) == (c.side, c.mode)}) > 1]
+    for side, mode in sorted({(c.side, c.mode) for c in swept}):
         series = sorted((c.clients, statistics.median(c.rates), p50_ms(c)) for c in cells
                         if (c.side, c.mode) == (side, mode) and c.rates)
         if not series:
@@ -537,6 +538,7 @@ def plot(cells: list[Cell], reference: dict[str, float] | None, path: Path, titl
                         label="bare encoder q/s")
     for ax, label in ((rate_ax, "requests/s"), (p50_ax, "p50 latency, ms")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({c.clients for c in swept}), [str(n) for n in sorted({c.clients for c in swept})])
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
@@ -641,7 +643,8 @@ def main() -> None:
         print(f"served replicas (max over samples of summed RSS, {replicas.processes} ServeReplica processes, "
               f"{where}): {replicas.peak_bytes / 2**20:.0f} MiB")
     if args.plot is not None:
-        plot(cells, reference, args.plot, f"SciFact, {served}; {cores} cores, {cpu_description()}")
+        index = Path(args.index).name if args.index else "?"
+        plot(cells, reference, args.plot, f"SciFact ({index}), {cores} cores, {cpu_description()}")
 
 
 if __name__ == "__main__":
