@@ -2,7 +2,7 @@
 
     query -> check -> retrieval plan (retrieve/plan.py) answered by direct calls -> [rerank]
 
-The Serve Retriever runs the same plan with deployment handle calls.
+The Serve Retriever (serve/retriever.py) runs the same plan over batches of requests.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 run concurrently (encode the queries, search one shard with one ranker, read chunks from one
 shard) and receives their answers, in the same order, through `send`; its return value is each
 query's hits. The in-process pipeline answers the requests with direct calls (`run_plan`), the
-Serve Retriever with deployment handle calls (`run_plan_async`): both rank identically because
-the ranking logic exists once, here.
+Serve Retriever with one call per shard group per step, local or through a deployment handle
+(`run_plan_async`): both rank identically because the ranking logic exists once, here (and in
+retrieve/candidates.py, its array steps).
 
     [encode] -> rounds of shard searches (bm25 and dense side by side) -> merge shards
              -> (documents: best chunk per document) -> RRF (hybrid) -> read the chunks -> hits

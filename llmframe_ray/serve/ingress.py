@@ -58,8 +58,8 @@ class ServeStages:
                 attempt += 1
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
-        if isinstance(self.retriever, RetrieverCore):
-            return await self.retriever.retrieve(query, mode, level, top_k)
+        if isinstance(self.retriever, RetrieverCore):  # here; its shard groups may still be replicas
+            return await self._call("retriever", lambda: self.retriever.retrieve(query, mode, level, top_k))
         return await self._call("retriever", lambda: self.retriever.retrieve.remote(query, mode, level, top_k))
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
