@@ -61,7 +61,7 @@ class LocalStages:
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
         # In this thread, like a Serve replica's retrieval: a search is a few milliseconds, and
-        # a hand-off to another thread costs about 2 (serve/retriever.py). Yield first, so that
+        # a hand-off to another thread cost up to 2 (serve/retriever.py). Yield first, so that
         # concurrent callers take turns and a caller's latency includes its wait.
         await asyncio.sleep(0)
         return Retrieved(self.version, self.pipeline.search(query, mode, top_k, level, rerank=False))

@@ -77,7 +77,7 @@ class ShardCache:
         """Answer searches and chunk reads of this group's shards, in order.
 
         They run in the calling thread: a search takes about a millisecond, less than handing it
-        to another thread costs on a small virtual machine (measured: +2 ms per hand-off)."""
+        to another thread cost on a small virtual machine (measured: up to 2 ms per hand-off)."""
         loaded = await self.version(version)
         return answer_all(loaded, version, requests)
 

@@ -195,7 +195,7 @@ class RetrieverCore:
     async def _encode(self, queries: list[str]) -> list[np.ndarray | BaseException]:
         """Each query's vector or its own error. Here: one query per model call, in this thread
         (measured on 2-core machines: a padded batch of queries costs more per query than single
-        ones, and handing work to another thread adds about 2 ms); one replica per core gives
+        ones, and handing one query's work to another thread added up to 2 ms); one replica per core gives
         the parallelism."""
         if self.embedder is not None:
             return [embed_each(self.embedder, [q])[0] for q in queries]
