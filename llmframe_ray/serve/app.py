@@ -93,9 +93,11 @@ class AppArgs(BaseModel):
 def local_layout(index_dir: str, cpus: int, **fields: Any) -> AppArgs:
     """One machine of `cpus` cores: retrieval (encoder and every shard) inside each Ingress
     replica, one replica per core with one model thread each, so that a request makes no hop
-    between replicas (`llmframe-ray serve`, deployments/local.yaml)."""
+    between replicas (`llmframe-ray serve`, deployments/local.yaml). 0.4 CPU per replica leaves
+    room for the Reranker's 1 CPU on a 2-CPU Ray (a replica that cannot be placed would keep
+    the app from starting)."""
     options = dict(fields.pop("deployment_options", {}))
-    options.setdefault("Ingress", {"num_replicas": max(1, cpus), "ray_actor_options": {"num_cpus": 0.5}})
+    options.setdefault("Ingress", {"num_replicas": max(1, cpus), "ray_actor_options": {"num_cpus": 0.4}})
     return AppArgs(
         index_dir=index_dir,
         retriever_in_ingress=True,

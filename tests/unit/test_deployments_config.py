@@ -53,3 +53,15 @@ def test_builder_rejects_bad_args(tmp_path):
         build_app({"index_dir": str(tmp_path), "reranker": False, "settings": {"api_secret_key": "k", "reranker_enabled": True}})
     with pytest.raises(Exception, match="unknown deployment"):
         build_app({"index_dir": str(tmp_path), "deployment_options": {"Rerankr": {}}})
+
+
+def test_local_layout_with_a_reranker_fits_two_cpus():
+    """Every replica of `llmframe-ray serve --layout local --reranker` can be placed on the
+    2-CPU Ray it starts (a replica that cannot be placed keeps the app from starting)."""
+    from llmframe_ray.serve.app import DEPLOYMENTS, local_layout
+
+    args = local_layout("unused", 2, reranker=True)
+    ingress = args.deployment_options["Ingress"]
+    needed = ingress["num_replicas"] * ingress["ray_actor_options"]["num_cpus"]
+    needed += sum(DEPLOYMENTS[name].ray_actor_options["num_cpus"] for name in ("Reranker", "Generator", "Sessions"))
+    assert ingress["num_replicas"] == 2 and needed <= 2.0
