@@ -28,13 +28,6 @@ class QueryEncoder:
         self.max_batch = MAX_BATCH
         self.embedder.embed(["warm up"] * 32)
 
-    async def encode(self, query: str) -> np.ndarray:
-        """The query's unit vector; a query over the model's token limit raises QueryTooLongError."""
-        (result,) = await self._encode_batch((query,))
-        if isinstance(result, Exception):
-            raise result
-        return result
-
     async def encode_many(self, queries: Sequence[str]) -> list[np.ndarray | Exception]:
         """Each query's unit vector, or the error of that query alone (embed_each)."""
         step = self.max_batch  # a call larger than a batch is split

@@ -36,7 +36,6 @@ from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.embedder import EmbedderParams, check_query_text, embed_each, load_embedder
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.plan import (
-    Encode,
     Request,
     ResultLevel,
     ShardFacts,
@@ -296,15 +295,8 @@ class _Backend:
         retriever = self.retriever
         out: list[Any] = [None] * len(requests)
         by_group: dict[int, list[int]] = {}
-        for i, request in enumerate(requests):
-            if isinstance(request, Encode):
-                encoded = await retriever._encode(list(request.texts))
-                failed = [r for r in encoded if isinstance(r, BaseException)]
-                if failed:
-                    raise failed[0]
-                out[i] = np.stack(encoded)
-            else:
-                by_group.setdefault(retriever.group_of[request.shard], []).append(i)
+        for i, request in enumerate(requests):  # no Encode: _answer passes the plan its vectors
+            by_group.setdefault(retriever.group_of[request.shard], []).append(i)
         groups = list(by_group.items())
         answers = await asyncio.gather(
             *(retriever._group_call(retriever.groups[g], "answer", self.version, [requests[i] for i in idx]) for g, idx in groups)
