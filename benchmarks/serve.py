@@ -2,10 +2,12 @@
 
     API_SECRET_KEY=k LLMFRAME_RERANKER_MODEL=DIR .venv/bin/llmframe-ray serve --index INDEX --reranker &
     API_SECRET_KEY=k .venv/bin/python benchmarks/serve.py [--url http://127.0.0.1:8000]
-        [--clients 1,8,32] [--modes hybrid,hybrid+rerank] [--seconds 20] [--repeats 3]
+        [--clients 1,8,32,64,128] [--modes hybrid,hybrid+rerank] [--seconds 20] [--repeats 3]
+        [--plot FILE.png] [--reference-seconds 10]
 
 For every mode and client count (a cell), N asyncio clients send SciFact test queries back to
-back, client c starting at query c*n/N: over HTTP to the served app (httpx, key in X-API-Key),
+back, client c starting at query c*n/N: over HTTP to the served app (httpx, one connection per
+client, key in X-API-Key),
 and as direct `RagService.search` calls over LocalStages in this process (the path the HTTP app
 runs, without Ray, HTTP or JSON). `hybrid+rerank` asks for rerank: true, so the server reranks
 its default depth (LLMFRAME_RERANKER_DEPTH, 50) of hybrid hits.
@@ -19,7 +21,13 @@ req/s is the median over the windows; p50 / p99 are over every successful reques
 errors count every request that did not succeed (non-200 status, transport error, exception,
 or a 200 whose `reranked` flag is not the one asked for), warm-ups included, each kind listed
 under the table. Batch sizes are /v1/stats deltas from after the warm-up to after the last
-in-flight request: QueryEncoder calls per batch; Reranker calls per batch / pairs per batch.
+in-flight request: Retriever requests per batch; Reranker calls per batch / pairs per batch (of
+the replica that answers /v1/stats: approximate with several Ingress replicas).
+
+Also printed: a reference row (the bare encoder, measured first while the server is idle), CPU
+ms per successful request by process group of the serving Ray session and of this process, and
+the issue-12 goal ratios; with an in-process hybrid side, an in-process bm25 cell at 1 client
+(the floor's bm25 part).
 
 The clients run in this process, on the same cores as the server; the served side runs first
 and the server stays up (idle) while the in-process side runs. BLAS / ONNX thread settings are
