@@ -105,6 +105,8 @@ def test_sharded_index_ranks_exactly_like_one_shard(cluster, settings, tmp_path)
     one = ingest([tmp_path / "src"], tmp_path / "one", settings.params(), shards=1, log=lambda _: None)
     four = ingest([tmp_path / "src"], tmp_path / "four", settings.params(), shards=4, log=lambda _: None)
     assert one.exit_code == four.exit_code == 0
+    # Ray Data's usage poller never stops and ends the process if it polls during ray.shutdown()
+    assert "data-usage-metrics-poller" not in [t.name for t in threading.enumerate()]
     loaded = IndexDirectory(tmp_path / "four").load()
     assert len(loaded.shards) == 4
     assert sum(len(s) for s in loaded.shards) == len(IndexDirectory(tmp_path / "one").load().shards[0])
