@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, TypeVar
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as FrameworkHTTPError
 
 from llmframe_ray.errors import IndexLoadError, LLMFrameError
 from llmframe_ray.generate.base import ProviderError
@@ -31,6 +32,13 @@ from llmframe_ray.api.service import FieldError, RagService, StageUnavailableErr
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 PROVIDER_FAILED = "no answer provider could answer; the server log has the details"
+# Errors that the framework raises itself (no route, wrong method, a body it cannot decode),
+# answered in the API's error shape like every other error.
+FRAMEWORK_ERRORS = {
+    400: ("invalid_request", "the body could not be read: send UTF-8 JSON"),
+    404: ("not_found", "no such route; GET /openapi.json lists them"),
+    405: ("method_not_allowed", "this route does not take that method"),
+}
 
 
 class ApiError(Exception):
@@ -108,6 +116,14 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.kind, exc.message, exc.field, exc.headers)
+
+    @app.exception_handler(FrameworkHTTPError)
+    async def _framework_error(request: Request, exc: FrameworkHTTPError) -> JSONResponse:
+        kind, message = FRAMEWORK_ERRORS.get(exc.status_code, ("http_error", str(exc.detail)))
+        if exc.status_code == 405:
+            allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "see /openapi.json")
+            message = f"{request.method} is not allowed on {request.url.path}; allowed: {allowed}"
+        return error_response(exc.status_code, kind, message, "body" if exc.status_code == 400 else None, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

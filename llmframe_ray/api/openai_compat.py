@@ -16,11 +16,11 @@ import secrets
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmframe_ray.generate.base import Message
 from llmframe_ray.generate.sessions import trim_messages
-from llmframe_ray.api.schemas import AnswerOut, Mode
+from llmframe_ray.api.schemas import AnswerOut, Mode, check_text
 
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "no_context": "stop", "tool_use": "tool_calls"}
 
@@ -30,6 +30,17 @@ class ChatMessageIn(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, value: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
+        if isinstance(value, str):
+            check_text(value)
+        elif value is not None:
+            for part in value:
+                if isinstance(part.get("text"), str):
+                    check_text(part["text"])
+        return value
 
 
 class StreamOptions(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -13,8 +14,23 @@ Mode = Literal["bm25", "dense", "hybrid"]
 Level = Literal["document", "chunk"]
 
 
+# What the models cannot take and no real text holds: UTF-16 surrogates that JSON's \\uXXXX
+# escapes can smuggle in unpaired, and control characters other than tab and line breaks.
+_BAD_CHARACTER = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def check_text(value: str) -> str:
+    """`value` unchanged, or a ValueError naming its first character that is not text."""
+    bad = _BAD_CHARACTER.search(value)
+    if bad is not None:
+        char = bad.group()
+        what = "an unpaired UTF-16 surrogate" if "\ud800" <= char <= "\udfff" else "a control character"
+        raise ValueError(f"contains {what} (U+{ord(char):04X}) at character {bad.start()}; send valid Unicode text")
+    return value
+
+
 def _not_blank(value: str) -> str:
-    stripped = value.strip()
+    stripped = check_text(value).strip()
     if not stripped:
         raise ValueError("must not be empty or whitespace only")
     return stripped

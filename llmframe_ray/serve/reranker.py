@@ -18,6 +18,30 @@ def _pairs(items: list[tuple[str, tuple[str, ...]]]) -> int:
     return sum(len(passages) for _, passages in items)
 
 
+def score_each(encoder: Any, items: list[tuple[str, tuple[str, ...]]]) -> list[list[float] | Exception]:
+    """Each request's scores, or the error that request alone raises: the batch's pairs go
+    through the model together; if that fails, each request is scored alone, so one bad
+    request never fails the others of its batch."""
+    pairs = [(query, passage) for query, passages in items for passage in passages]
+    try:
+        scores = encoder.score_pairs(pairs).tolist()
+    except Exception:  # noqa: BLE001 - find the request that caused it
+        if len(items) == 1:
+            raise
+        out: list[list[float] | Exception] = []
+        for query, passages in items:
+            try:
+                out.append(encoder.score_pairs([(query, p) for p in passages]).tolist())
+            except Exception as exc:  # noqa: BLE001 - that request's own answer
+                out.append(exc)
+        return out
+    out, start = [], 0
+    for _, passages in items:
+        out.append(scores[start : start + len(passages)])
+        start += len(passages)
+    return out
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=32)
 class Reranker:
     def __init__(self, params: RerankerModelParams, depth: int) -> None:
@@ -31,18 +55,16 @@ class Reranker:
         """The cross-encoder's score of each passage for the query, in order."""
         if not passages:
             return []
-        return await self._score_batch((query, tuple(passages)))
+        result = await self._score_batch((query, tuple(passages)))
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     @serve.batch(max_batch_size=MAX_BATCH_PAIRS, batch_wait_timeout_s=0.005, batch_size_fn=_pairs)
-    async def _score_batch(self, items: list[tuple[str, tuple[str, ...]]]) -> list[list[float]]:
+    async def _score_batch(self, items: list[tuple[str, tuple[str, ...]]]) -> list[list[float] | Exception]:
         pairs = [(query, passage) for query, passages in items for passage in passages]
         self.stats.record(len(items), len(pairs))
-        scores = (await asyncio.to_thread(self.encoder.score_pairs, pairs)).tolist()
-        out, start = [], 0
-        for _, passages in items:
-            out.append(scores[start : start + len(passages)])
-            start += len(passages)
-        return out
+        return await asyncio.to_thread(score_each, self.encoder, items)
 
     def reconfigure(self, config: Mapping[str, Any]) -> None:
         """user_config: {max_batch_pairs, batch_wait_timeout_s}."""

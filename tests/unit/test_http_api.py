@@ -151,6 +151,47 @@ def test_422_for_a_body_that_is_not_json(client):
     assert response.json()["error"]["message"].startswith("body: the body is not valid JSON")
 
 
+BAD_TEXT = [
+    (b'"a \\ud800 b"', "an unpaired UTF-16 surrogate (U+D800) at character 2"),
+    (b'"moon\\u0000"', "a control character (U+0000) at character 4"),
+    (b'"x\\u001b[31m"', "a control character (U+001B) at character 1"),
+]
+
+
+@pytest.mark.parametrize("text,problem", BAD_TEXT)
+@pytest.mark.parametrize(
+    "route,template,field",
+    [
+        ("/v1/search", b'{"query": %s, "mode": "dense"}', "query"),
+        ("/v1/query", b'{"question": %s}', "question"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": %s}]}', "messages.0.content"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [{"type": "text", "text": %s}]}]}', "messages.0.content"),
+    ],
+)
+def test_text_the_models_cannot_take_is_422_at_the_edge(client, route, template, field, text, problem):
+    # sent as raw JSON: its \\u escapes decode to the characters themselves
+    response = client.post(route, headers={**AUTH, "Content-Type": "application/json"}, content=template % text)
+    assert response.status_code == 422, response.text
+    assert response.json() == {"error": {
+        "type": "invalid_request", "field": field,
+        "message": f"{field}: contains {problem}; send valid Unicode text",
+    }}
+
+
+def test_framework_errors_keep_the_error_shape(client):
+    missing = client.get("/v1/nowhere", headers=AUTH)
+    assert (missing.status_code, missing.json()) == (404, {"error": {
+        "type": "not_found", "message": "no such route; GET /openapi.json lists them", "field": None}})
+    wrong = client.get("/v1/search", headers=AUTH)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert wrong.json() == {"error": {
+        "type": "method_not_allowed", "message": "GET is not allowed on /v1/search; allowed: POST", "field": None}}
+    for route in ("/v1/search", "/v1/query", "/v1/chat/completions"):
+        undecodable = client.post(route, headers={**AUTH, "Content-Type": "application/json"}, content=b'{"query": "\xff"}')
+        assert (undecodable.status_code, undecodable.json()) == (400, {"error": {
+            "type": "invalid_request", "message": "the body could not be read: send UTF-8 JSON", "field": "body"}})
+
+
 def test_422_for_a_query_longer_than_the_character_limit(client, settings):
     long = "moon " * (settings.max_query_chars // 5 + 1)
     response = client.post("/v1/search", headers=AUTH, json={"query": long, "mode": "bm25"})

@@ -82,3 +82,32 @@ def test_a_request_that_breaks_the_shared_plan_fails_alone(setup, monkeypatch):
     assert isinstance(bad, RuntimeError) and str(bad) == "the analyzer choked on this text"
     assert key(first.hits) == key(pipeline.search(QUERIES[1], "bm25", 3))
     assert key(last.hits) == key(pipeline.search(QUERIES[3], "bm25", 3))
+
+
+class PickyCrossEncoder:
+    """Scores a pair by its passage's length; the tokenizer's TypeError for a lone surrogate."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def score_pairs(self, pairs):
+        import numpy as np
+
+        self.calls += 1
+        if any("\ud800" in q for q, _ in pairs):
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, InputSequence]]")
+        return np.array([float(len(p)) for _, p in pairs], dtype=np.float32)
+
+
+def test_a_request_the_reranker_cannot_score_fails_alone_in_its_batch():
+    from llmframe_ray.serve.reranker import score_each
+
+    encoder = PickyCrossEncoder()
+    items = [("tides", ("ab", "abcd")), ("a \ud800", ("abc",)), ("bees", ("a",))]
+    out = score_each(encoder, items)
+    assert out[0] == [2.0, 4.0] and out[2] == [1.0]
+    assert isinstance(out[1], TypeError)
+    assert encoder.calls == 4  # the whole batch once, then each request alone
+    assert score_each(encoder, [items[0], items[2]]) == [[2.0, 4.0], [1.0]]
+    with pytest.raises(TypeError):
+        score_each(encoder, [items[1]])
