@@ -11,6 +11,7 @@ the prefixed name wins when both are set.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from llmframe_ray.api.params import ApiLimits, GenerationParams, ServiceParams
+from llmframe_ray.api.params import ApiLimits, GenerationParams, KeyLimits, ServiceParams
 from llmframe_ray.errors import ConfigError
 from llmframe_ray.generate.chain import ProviderParams
 from llmframe_ray.generate.costs import DEFAULT_PRICES
@@ -37,6 +38,10 @@ from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.types import SearchMode
 
 ENV_PREFIX = "LLMFRAME_"
+
+
+def _key_list(keys: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(k.strip() for k in keys if k.strip()))
 
 
 def _default_home() -> Path:
@@ -139,6 +144,13 @@ class Settings(BaseSettings):
         None, repr=False, validation_alias=_env("API_SECRET_KEY", "API_SECRET_KEY")
     )
     api_keys: str | None = Field(None, repr=False, validation_alias=_env("API_KEYS"))
+    # keys that may also reload the index and read /v1/stats (default: API_SECRET_KEY)
+    admin_keys: str | None = Field(None, repr=False, validation_alias=_env("ADMIN_KEYS"))
+    # per API key: requests/s (0: off) with bursts of up to RATE_LIMIT_BURST (default: one
+    # second's worth), and requests in flight (0: off); each Ingress replica holds its share
+    rate_limit_per_s: float = Field(0.0, ge=0, le=1_000_000, validation_alias=_env("RATE_LIMIT_PER_S"))
+    rate_limit_burst: int | None = Field(None, ge=1, le=1_000_000, validation_alias=_env("RATE_LIMIT_BURST"))
+    max_concurrent_per_key: int = Field(0, ge=0, le=1_000_000, validation_alias=_env("MAX_CONCURRENT_PER_KEY"))
     auth_disabled: bool = Field(False, validation_alias=_env("AUTH_DISABLED"))
     max_request_bytes: int = Field(
         65536, ge=1024, le=64 * 1024 * 1024, validation_alias=_env("MAX_REQUEST_BYTES")
@@ -171,8 +183,14 @@ class Settings(BaseSettings):
     @property
     def api_key_list(self) -> tuple[str, ...]:
         """API_SECRET_KEY and the comma-separated LLMFRAME_API_KEYS, blanks dropped."""
-        keys = [self.api_secret_key or ""] + (self.api_keys or "").split(",")
-        return tuple(dict.fromkeys(k.strip() for k in keys if k.strip()))
+        return _key_list([self.api_secret_key or ""] + (self.api_keys or "").split(","))
+
+    @property
+    def admin_key_list(self) -> tuple[str, ...]:
+        """The comma-separated LLMFRAME_ADMIN_KEYS; when unset, API_SECRET_KEY."""
+        if self.admin_keys is not None:
+            return _key_list(self.admin_keys.split(","))
+        return _key_list([self.api_secret_key or ""])
 
     @field_validator("bm25_stemmer", "bm25_stopwords", mode="before")
     @classmethod
@@ -267,6 +285,11 @@ class Settings(BaseSettings):
                 limits=ApiLimits(
                     max_request_bytes=self.max_request_bytes, max_query_chars=self.max_query_chars,
                     max_top_k=self.max_top_k,
+                    per_key=KeyLimits(
+                        rate_per_s=self.rate_limit_per_s,
+                        burst=self.rate_limit_burst or (max(1, math.ceil(self.rate_limit_per_s)) if self.rate_limit_per_s else 0),
+                        max_concurrent=self.max_concurrent_per_key,
+                    ),
                 ),
                 rerank=rerank,
                 generation=GenerationParams(

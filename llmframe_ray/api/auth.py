@@ -1,6 +1,8 @@
 """API keys for the HTTP API: a key arrives as `X-API-Key: <key>` or `Authorization: Bearer <key>`.
 
 Keys come from the settings (API_SECRET_KEY and/or the comma-separated LLMFRAME_API_KEYS).
+Admin keys (LLMFRAME_ADMIN_KEYS; when unset, API_SECRET_KEY) may also reload the index and
+read /v1/stats; tenant keys (LLMFRAME_API_KEYS) may not.
 A presented key is hashed and compared with every configured key's hash in constant time, so
 neither the comparison nor the number of keys tried depends on how much of a key matched.
 Keys are never logged. Running without keys is possible only with LLMFRAME_AUTH_DISABLED=true,
@@ -12,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from llmframe_ray.errors import ConfigError
 
@@ -31,34 +33,46 @@ def _digest(key: str) -> bytes:
 class ApiKeys:
     """The keys that may call the API (or none needed, when disabled)."""
 
-    def __init__(self, keys: Sequence[str], *, disabled: bool = False) -> None:
+    def __init__(self, keys: Sequence[str], *, admin: Sequence[str] = (), disabled: bool = False) -> None:
+        keys = tuple(dict.fromkeys([*keys, *admin]))  # an admin key is a key
         if not keys and not disabled:
             raise ConfigError(NO_KEY_HINT)
         self.disabled = disabled
         self._digests = tuple(_digest(k) for k in keys)
+        self._admin = tuple(_digest(k) for k in admin)
 
     @classmethod
-    def configured(cls, keys: Sequence[str], *, disabled: bool = False) -> ApiKeys:
-        """The keys as configured (API_SECRET_KEY, LLMFRAME_API_KEYS, LLMFRAME_AUTH_DISABLED);
-        only their digests are kept, so this object can be handed to a replica."""
+    def configured(cls, keys: Sequence[str], *, admin: Sequence[str] = (), disabled: bool = False) -> ApiKeys:
+        """The keys as configured (API_SECRET_KEY, LLMFRAME_API_KEYS, LLMFRAME_ADMIN_KEYS,
+        LLMFRAME_AUTH_DISABLED); only their digests are kept, so this object can be handed to a
+        replica."""
         if disabled:
             logger.warning(
                 "authentication is DISABLED (LLMFRAME_AUTH_DISABLED=true): every request is "
                 "accepted; use this only on a trusted local machine"
             )
             return cls((), disabled=True)
-        return cls(keys)
+        return cls(keys, admin=admin)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ApiKeys:
+        return cls.configured(settings.api_key_list, admin=settings.admin_key_list, disabled=settings.auth_disabled)
 
     def allows(self, presented: str | None) -> bool:
-        if self.disabled:
-            return True
-        if not presented:
-            return False
-        digest = _digest(presented)
-        matched = False
-        for known in self._digests:  # every key is compared, whichever matches
-            matched |= hmac.compare_digest(digest, known)
-        return matched
+        return self.disabled or _matches(presented, self._digests)
+
+    def is_admin(self, presented: str | None) -> bool:
+        return self.disabled or _matches(presented, self._admin)
+
+
+def _matches(presented: str | None, digests: Sequence[bytes]) -> bool:
+    if not presented:
+        return False
+    digest = _digest(presented)
+    matched = False
+    for known in digests:  # every key is compared, whichever matches
+        matched |= hmac.compare_digest(digest, known)
+    return matched
 
 
 def key_owner(presented: str | None) -> str:

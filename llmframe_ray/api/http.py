@@ -3,12 +3,13 @@
     GET  /healthz            alive (no key needed)
     GET  /readyz             every stage up and the index loaded (no key needed)
     GET  /v1/index           the served version's manifest
-    POST /v1/index/reload    switch to the index's CURRENT version now
-    GET  /v1/stats           batch sizes seen by the batched stages
+    POST /v1/index/reload    switch to the index's CURRENT version now (admin key)
+    GET  /v1/stats           batch sizes seen by the batched stages, usage (admin key)
     POST /v1/search          ranked hits
     POST /v1/query           an answer with citations; `stream: true` answers as SSE
 
-Every error body is {"error": {"type", "message", "field"}}.
+Every error body is {"error": {"type", "message", "field"}}. Per-key limits (api/limits.py)
+answer 429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.exceptions import HTTPException as FrameworkHTTPError
 from llmframe_ray.errors import IndexLoadError, LLMFrameError
 from llmframe_ray.generate.base import ProviderError
 from llmframe_ray.api.auth import ApiKeys, key_owner, presented_key
+from llmframe_ray.api.limits import KeyLimiter, LimitExceeded, LimitRequests
 from llmframe_ray.api.openai_compat import ChatRequest
 from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
 from llmframe_ray.api.service import FieldError, RagService, StageUnavailableError, prepend
@@ -110,7 +112,9 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
         title="llmframe-ray",
         version="1",
         description="Hybrid retrieval (BM25 + dense, RRF), cross-encoder reranking and answers with citations.",
-        responses={401: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        responses={
+            status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 405, 413, 422, 429, 500, 502, 503)
+        },
     )
 
     @app.exception_handler(ApiError)
@@ -168,7 +172,15 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
+    async def require_admin(request: Request) -> None:
+        presented = presented_key(request.headers)
+        if not keys.allows(presented):
+            await require_key(request)
+        if not keys.is_admin(presented):
+            raise ApiError(403, "forbidden", "this route needs an admin key (LLMFRAME_ADMIN_KEYS; by default API_SECRET_KEY)")
+
     auth = [Depends(require_key)]
+    admin = [Depends(require_admin)]
 
     @app.get("/healthz")
     async def healthz() -> dict:
@@ -184,11 +196,11 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
     async def index_info() -> dict:
         return await service.stages.index_info()
 
-    @app.post("/v1/index/reload", dependencies=auth)
+    @app.post("/v1/index/reload", dependencies=admin)
     async def reload() -> dict:
         return await service.stages.reload()
 
-    @app.get("/v1/stats", dependencies=auth)
+    @app.get("/v1/stats", dependencies=admin)
     async def stats() -> dict:
         return await service.stages.stats()
 
@@ -220,8 +232,16 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    app.add_middleware(BodyLimit, limit=service.params.limits.max_request_bytes)
+    limits = service.params.limits
+    app.add_middleware(BodyLimit, limit=limits.max_request_bytes)
+    if limits.per_key.enabled:  # outermost: a request over its key's limits is refused before its body is read
+        limiter = KeyLimiter(limits.per_key, replicas=limits.replicas)
+        app.add_middleware(LimitRequests, limiter=limiter, keys=keys, reject=_too_many)
     return app
+
+
+def _too_many(exc: LimitExceeded) -> JSONResponse:
+    return error_response(429, "rate_limited", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
 
 
 async def _started(items: AsyncIterator[T]) -> AsyncIterator[T]:

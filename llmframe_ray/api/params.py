@@ -3,6 +3,7 @@ reranking, and the generation defaults."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from llmframe_ray.generate.costs import DEFAULT_PRICES
@@ -11,10 +12,36 @@ from llmframe_ray.types import SearchMode
 
 
 @dataclass(frozen=True)
+class KeyLimits:
+    """`rate_per_s` requests per second per key with bursts of up to `burst` (0: no rate
+    limit), and at most `max_concurrent` requests in flight per key (0: no limit)."""
+
+    rate_per_s: float = 0.0
+    burst: int = 0
+    max_concurrent: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate_per_s > 0 or self.max_concurrent > 0
+
+    def share(self, replicas: int) -> KeyLimits:
+        """This replica's part when `replicas` replicas split the limits."""
+        if replicas <= 1:
+            return self
+        return KeyLimits(
+            rate_per_s=self.rate_per_s / replicas,
+            burst=math.ceil(self.burst / replicas) if self.burst else 0,
+            max_concurrent=math.ceil(self.max_concurrent / replicas) if self.max_concurrent else 0,
+        )
+
+
+@dataclass(frozen=True)
 class ApiLimits:
     max_request_bytes: int = 65536
     max_query_chars: int = 2000
     max_top_k: int = 100
+    per_key: KeyLimits = field(default_factory=KeyLimits)
+    replicas: int = 1  # Ingress replicas that split per_key (each enforces its share)
 
 
 @dataclass(frozen=True)

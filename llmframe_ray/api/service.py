@@ -216,9 +216,9 @@ class RagService:
             raise FieldError(exc.field, str(exc)) from None
         ranked = await self._ranked("messages", question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank)
         system = f"{SYSTEM_PROMPT}\n\n{extra}" if extra else SYSTEM_PROMPT
-        max_tokens = next(
-            (v for v in (request.max_completion_tokens, request.max_tokens) if v is not None), self.params.generation.max_tokens
-        )
+        cap = self.params.generation.max_tokens  # LLMFRAME_LLM_MAX_TOKENS bounds what a request may ask
+        asked = next((v for v in (request.max_completion_tokens, request.max_tokens) if v is not None), cap)
+        max_tokens = min(asked, cap)
         temperature = self.params.generation.temperature if request.temperature is None else request.temperature
         return ChatTurn(build_messages(question, ranked.hits, history), system, max_tokens, temperature, ranked)
 

@@ -15,12 +15,13 @@ Used by `serve run deployments/local.yaml`, `serve deploy deployments/cluster.ya
 # annotation only when it is a real class.
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ray.serve import Application
 
 from llmframe_ray.api.auth import ApiKeys
+from llmframe_ray.api.params import ServiceParams
 from llmframe_ray.config import Settings, load_settings
 from llmframe_ray.errors import ConfigError, IndexLoadError
 from llmframe_ray.index.versions import IndexDirectory
@@ -108,6 +109,15 @@ def local_layout(index_dir: str, cpus: int, **fields: Any) -> AppArgs:
     )
 
 
+def _split_key_limits(service: ServiceParams, ingress: Mapping[str, Any]) -> ServiceParams:
+    """Per-key limits split over the Ingress replicas (api/limits.py); with autoscaling, over
+    its minimum, so the limit holds at the fewest replicas and loosens as more start."""
+    replicas = ingress.get("num_replicas", 1)
+    if not isinstance(replicas, int):  # "auto", or absent with autoscaling_config
+        replicas = int((ingress.get("autoscaling_config") or {}).get("min_replicas", 1) or 1)
+    return replace(service, limits=replace(service.limits, replicas=max(1, replicas)))
+
+
 def build_app(args: AppArgs) -> Application:
     """Settings are read and resolved here, once, where the app is built (LLMFRAME_* of this
     environment with `args.settings` on top); each deployment is bound with only the
@@ -127,7 +137,8 @@ def build_app(args: AppArgs) -> Application:
     if "reranker_enabled" not in overrides:  # by default, rerank when a Reranker is deployed
         rerank = replace(params.rerank, enabled=use_reranker)
         params = replace(params, rerank=rerank, service=replace(params.service, rerank=rerank))
-    keys = ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled)
+    keys = ApiKeys.from_settings(settings)
+    params = replace(params, service=_split_key_limits(params.service, args.deployment_options.get("Ingress", {})))
     root = Path(args.index_dir).expanduser().resolve()
     index = IndexDirectory(root)
     current = index.current_version()

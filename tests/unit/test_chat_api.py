@@ -35,7 +35,7 @@ def server(tmp_path_factory, embedder):
     from llmframe_ray.index.versions import IndexDirectory
 
     stages = LocalStages(index, Pipeline.open(index, embedder, settings.params().retrieval), IndexDirectory(index).current_version())
-    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -116,7 +116,7 @@ def test_sessions_are_kept_per_api_key(tmp_path, embedder):
     from llmframe_ray.index.versions import IndexDirectory
 
     stages = LocalStages(index, Pipeline.open(index, embedder, settings.params().retrieval), IndexDirectory(index).current_version())
-    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
     with TestClient(app) as c:
         c.post("/v1/query", headers={"X-API-Key": "key-a"}, json={"question": "What drives the ocean tides?", "session_id": "shared"})
         assert len(stages.sessions) == 1
@@ -146,7 +146,7 @@ def test_provider_failures_are_502_without_vendor_details(tmp_path, embedder):
     index = tmp_path / "index"
     build_index(DOCS, index, settings.params().index, embedder)
     stages = LocalStages(index, Pipeline.open(index, embedder, settings.params().retrieval), IndexDirectory(index).current_version(), provider=Refusing())
-    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
     with TestClient(app) as c:
         for body in ({"question": "tides?"}, {"question": "tides?", "stream": True}):
             response = c.post("/v1/query", headers={"X-API-Key": KEY}, json=body)
@@ -177,7 +177,7 @@ def test_a_follow_up_is_sent_with_the_earlier_turn(tmp_path, embedder):
     build_index(DOCS, index, settings.params().index, embedder)
     provider = Recording()
     stages = LocalStages(index, Pipeline.open(index, embedder, settings.params().retrieval), IndexDirectory(index).current_version(), provider=provider)
-    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
     with TestClient(app) as c:
         first = c.post("/v1/query", headers={"X-API-Key": KEY}, json={"question": "What drives the tides?", "session_id": "t"}).json()
         c.post("/v1/query", headers={"X-API-Key": KEY}, json={"question": "And bread?", "session_id": "t"})

@@ -65,7 +65,7 @@ def client(index_dir, settings, pipeline):
     from llmframe_ray.index.versions import IndexDirectory
 
     stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), LengthReranker())
-    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
     with TestClient(app) as test_client:
         yield test_client
 
@@ -226,7 +226,7 @@ def test_413_for_an_oversized_chunked_body(client):
 
 def test_rerank_without_a_reranker_is_422(index_dir, settings, pipeline):
     stages = LocalStages(index_dir, pipeline, "v", None)
-    app = create_app(RagService(stages, settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
     with TestClient(app) as plain:
         response = plain.post("/v1/search", headers=AUTH, json={"query": "moon", "rerank": True})
     assert response.status_code == 422
@@ -337,7 +337,7 @@ def test_stage_failures_are_json_errors(index_dir, settings, pipeline, error, st
                 raise StageUnavailableError("the retriever stage is unavailable: replica died")
             raise error
 
-    app = create_app(RagService(Failing(index_dir, pipeline, "v"), settings.params().service), ApiKeys.configured(settings.api_key_list, disabled=settings.auth_disabled))
+    app = create_app(RagService(Failing(index_dir, pipeline, "v"), settings.params().service), ApiKeys.from_settings(settings))
     with TestClient(app, raise_server_exceptions=False) as failing:
         response = failing.post("/v1/search", headers=AUTH, json={"query": "moon"})
     assert response.status_code == status

@@ -1,0 +1,189 @@
+"""Per-key limits (rate, requests in flight), the admin role, and the cap on generated tokens."""
+
+import asyncio
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from llmframe_ray.api.auth import ApiKeys
+from llmframe_ray.api.http import create_app
+from llmframe_ray.api.limits import KeyLimiter, LimitExceeded, LimitRequests
+from llmframe_ray.api.local import LocalStages
+from llmframe_ray.api.params import KeyLimits
+from llmframe_ray.api.service import RagService
+from llmframe_ray.config import load_settings
+from llmframe_ray.generate.base import Completion, Usage
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.ingest.build import build_index
+from llmframe_ray.retrieve.pipeline import Pipeline
+from llmframe_ray.types import Document
+
+MAIN, TENANT, OTHER = "main-key-0001", "tenant-key-0002", "tenant-key-0003"
+DOCS = [
+    Document("tides", title="Tides", text="Ocean tides are driven mainly by the gravitational pull of the Moon."),
+    Document("bread", title="Bread", text="A sourdough starter is a culture of wild yeast and lactic acid bacteria."),
+]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def refused(limiter, key):
+    with pytest.raises(LimitExceeded) as caught:
+        limiter.acquire(key)
+    return str(caught.value), caught.value.retry_after_s
+
+
+def test_the_rate_refills_at_its_rate_up_to_the_burst():
+    clock = Clock()
+    limiter = KeyLimiter(KeyLimits(rate_per_s=2, burst=3), clock=clock)
+    for _ in range(3):
+        limiter.acquire("a")
+    assert refused(limiter, "a") == (
+        "rate limit exceeded for this API key: 2 requests/s with bursts of 3 "
+        "(LLMFRAME_RATE_LIMIT_PER_S, LLMFRAME_RATE_LIMIT_BURST)", 1)
+    limiter.acquire("b")  # every key has its own bucket
+    clock.now += 0.5  # one token back
+    limiter.acquire("a")
+    refused(limiter, "a")
+    clock.now += 60  # never more than the burst
+    for _ in range(3):
+        limiter.acquire("a")
+    refused(limiter, "a")
+
+
+def test_a_slow_rate_says_how_long_to_wait():
+    clock = Clock()
+    limiter = KeyLimiter(KeyLimits(rate_per_s=0.1, burst=1), clock=clock)
+    limiter.acquire("a")
+    clock.now += 2.5
+    assert refused(limiter, "a")[1] == 8  # 7.5 s until the next token, rounded up
+
+
+def test_requests_in_flight_are_counted_until_released():
+    limiter = KeyLimiter(KeyLimits(max_concurrent=2))
+    limiter.acquire("a")
+    limiter.acquire("a")
+    assert refused(limiter, "a") == (
+        "too many requests in flight for this API key: the limit is 2 at once (LLMFRAME_MAX_CONCURRENT_PER_KEY)", 1)
+    limiter.acquire("b")
+    limiter.release("a")
+    limiter.acquire("a")
+
+
+def test_replicas_split_the_limits_and_say_so():
+    limiter = KeyLimiter(KeyLimits(rate_per_s=4, burst=5, max_concurrent=3), replicas=2, clock=Clock())
+    assert limiter.local == KeyLimits(rate_per_s=2, burst=3, max_concurrent=2)
+    for _ in range(2):
+        limiter.acquire("a")
+    message, _ = refused(limiter, "a")
+    assert message.endswith("(LLMFRAME_MAX_CONCURRENT_PER_KEY; shared by 2 replicas)") and "limit is 3 at once" in message
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory, embedder):
+    root = tmp_path_factory.mktemp("limits") / "index"
+    build_index(DOCS, root, load_settings().params().index, embedder)
+    return root
+
+
+class Recording:
+    name, model = "recording", "rec-1"
+
+    def __init__(self):
+        self.max_tokens = []
+
+    async def generate(self, messages, *, system=None, max_tokens=1024, temperature=0.0):
+        self.max_tokens.append(max_tokens)
+        return Completion("answer [1]", Usage(10, 3), self.model, self.name, "stop")
+
+
+def app_for(index, embedder, provider=None, **overrides):
+    settings = load_settings(api_secret_key=MAIN, api_keys=f"{TENANT},{OTHER}", **overrides)
+    pipeline = Pipeline.open(index, embedder, settings.params().retrieval)
+    stages = LocalStages(index, pipeline, IndexDirectory(index).current_version(), provider=provider)
+    return create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
+
+
+def test_429_with_retry_after_over_http(index, embedder):
+    search = {"query": "tides", "mode": "bm25"}
+    with TestClient(app_for(index, embedder, rate_limit_per_s=0.5, rate_limit_burst=2)) as c:
+        assert [c.post("/v1/search", headers={"X-API-Key": TENANT}, json=search).status_code for _ in range(2)] == [200, 200]
+        over = c.post("/v1/search", headers={"X-API-Key": TENANT}, json=search)
+        assert over.status_code == 429 and over.headers["retry-after"] == "2"
+        assert over.json() == {"error": {
+            "type": "rate_limited", "field": None,
+            "message": "rate limit exceeded for this API key: 0.5 requests/s with bursts of 2 "
+                       "(LLMFRAME_RATE_LIMIT_PER_S, LLMFRAME_RATE_LIMIT_BURST)",
+        }}
+        assert c.post("/v1/search", headers={"X-API-Key": OTHER}, json=search).status_code == 200
+        # a wrong key is refused as unauthorized, and spends nobody's budget
+        assert c.post("/v1/search", headers={"X-API-Key": "wrong"}, json=search).status_code == 401
+        assert c.get("/healthz").status_code == 200  # probes are not limited
+
+
+def test_requests_in_flight_over_the_limit_are_429_until_one_ends():
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    async def slow_app(scope, receive, send):
+        started.set()
+        await finish.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"done"})
+
+    keys = ApiKeys.configured([MAIN])
+    limiter = KeyLimiter(KeyLimits(max_concurrent=1))
+    app = LimitRequests(slow_app, limiter, keys, reject=lambda exc: _reject(exc))
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            first = asyncio.create_task(client.post("/v1/search", headers={"X-API-Key": MAIN}))
+            await started.wait()
+            second = await client.post("/v1/search", headers={"X-API-Key": MAIN})
+            finish.set()
+            done = await first
+            third = await client.post("/v1/search", headers={"X-API-Key": MAIN})
+        return second, done, third
+
+    second, done, third = asyncio.run(run())
+    assert (second.status_code, second.headers["retry-after"]) == (429, "1")
+    assert done.status_code == 200 and third.status_code == 200  # the slot came back when the first ended
+    assert limiter._in_flight == {}
+
+
+def _reject(exc):
+    from llmframe_ray.api.http import _too_many
+
+    return _too_many(exc)
+
+
+def test_reload_and_stats_need_an_admin_key(index, embedder):
+    with TestClient(app_for(index, embedder)) as c:
+        for method, route in (("POST", "/v1/index/reload"), ("GET", "/v1/stats")):
+            tenant = c.request(method, route, headers={"X-API-Key": TENANT})
+            assert (tenant.status_code, tenant.json()) == (403, {"error": {
+                "type": "forbidden", "field": None,
+                "message": "this route needs an admin key (LLMFRAME_ADMIN_KEYS; by default API_SECRET_KEY)",
+            }})
+            assert c.request(method, route, headers={"X-API-Key": MAIN}).status_code == 200
+            assert c.request(method, route, headers={"X-API-Key": "wrong"}).status_code == 401
+        assert c.post("/v1/search", headers={"X-API-Key": TENANT}, json={"query": "tides"}).status_code == 200
+    with TestClient(app_for(index, embedder, admin_keys=OTHER)) as c:  # set: exactly those keys
+        assert c.get("/v1/stats", headers={"X-API-Key": OTHER}).status_code == 200
+        assert c.get("/v1/stats", headers={"X-API-Key": MAIN}).status_code == 403
+
+
+def test_chat_max_tokens_is_capped_by_the_setting(index, embedder):
+    provider = Recording()
+    with TestClient(app_for(index, embedder, provider=provider, llm_max_tokens=300)) as c:
+        for asked in ({"max_tokens": 65536}, {"max_completion_tokens": 5000}, {"max_tokens": 50}, {}):
+            body = {"messages": [{"role": "user", "content": "What drives the tides?"}], **asked}
+            assert c.post("/v1/chat/completions", headers={"X-API-Key": MAIN}, json=body).status_code == 200
+    assert provider.max_tokens == [300, 300, 50, 300]
