@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 from ray import serve
@@ -20,6 +21,7 @@ from llmframe_ray.api.service import RagService, Retrieved, StageUnavailableErro
 from llmframe_ray.generate.base import Completion, Message, StreamEnd
 from llmframe_ray.types import SearchMode
 
+logger = logging.getLogger(__name__)
 LOST = (RayActorError, ActorDiedError, ActorUnavailableError)
 ATTEMPTS = 2  # a call whose replica died is sent once more (Serve routes it to a live one)
 PROBE_TIMEOUT_S = 5.0
@@ -54,7 +56,8 @@ class ServeStages:
                 if not isinstance(cause, LOST) and not isinstance(exc, LOST):
                     raise
                 if attempt >= ATTEMPTS:
-                    raise StageUnavailableError(f"the {stage} stage is unavailable: {cause}") from None
+                    logger.error("the %s stage is unavailable: %s", stage, cause)  # Ray's text stays in the log
+                    raise StageUnavailableError(f"the {stage} stage is unavailable; retry shortly") from None
                 attempt += 1
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
@@ -78,8 +81,10 @@ class ServeStages:
                 yield item
         except Exception as exc:
             cause = unwrap(exc)
-            raise (cause if isinstance(cause, LLMFrameError) else StageUnavailableError(
-                f"the generator stream failed: {cause}")) from None
+            if isinstance(cause, LLMFrameError):
+                raise cause from None
+            logger.error("the generator stream failed: %s", cause)
+            raise StageUnavailableError("the generator stream failed") from None
 
     async def session_history(self, session_id: str) -> list[Message]:
         return await self._call("sessions", lambda: self.sessions.history.remote(session_id))
@@ -94,7 +99,8 @@ class ServeStages:
             try:
                 return await asyncio.wait_for(handle.ready.remote(), PROBE_TIMEOUT_S)
             except Exception as exc:
-                return f"not ready: {type(unwrap(exc)).__name__}: {unwrap(exc)}"
+                logger.warning("readiness probe failed: %s", unwrap(exc))  # details for the operator only
+                return "not ready"
 
         names = list(self.probes)
         states = await asyncio.gather(*(probe(self.probes[n]) for n in names))
