@@ -173,6 +173,8 @@ class Settings(BaseSettings):
     llm_backoff_max_s: float = Field(8.0, ge=0, le=600, validation_alias=_env("LLM_BACKOFF_MAX_S"))
     llm_circuit_failures: int = Field(3, ge=1, le=100, validation_alias=_env("LLM_CIRCUIT_FAILURES"))
     llm_circuit_cooldown_s: float = Field(30.0, ge=0, le=3600, validation_alias=_env("LLM_CIRCUIT_COOLDOWN_S"))
+    # a whole generation call, retries and fall-through included (0: no deadline)
+    llm_deadline_s: float = Field(90.0, ge=0, le=3600, validation_alias=_env("LLM_DEADLINE_S"))
     llm_max_tokens: int = Field(1024, ge=1, le=65536, validation_alias=_env("LLM_MAX_TOKENS"))
     llm_temperature: float = Field(0.0, ge=0, le=2, validation_alias=_env("LLM_TEMPERATURE"))
     # USD per million tokens, input and output, by model: JSON {"model": [in, out], ...}
@@ -304,7 +306,7 @@ class Settings(BaseSettings):
                 openai_model=self.openai_chat_model, timeout_s=self.llm_timeout_s,
                 max_attempts=self.llm_max_attempts, backoff_s=self.llm_backoff_s,
                 backoff_max_s=self.llm_backoff_max_s, circuit_failures=self.llm_circuit_failures,
-                circuit_cooldown_s=self.llm_circuit_cooldown_s,
+                circuit_cooldown_s=self.llm_circuit_cooldown_s, deadline_s=self.llm_deadline_s or None,
             ),
             sessions=SessionParams(token_budget=self.session_token_budget, max_sessions=self.session_max),
             ingest=IngestParams(

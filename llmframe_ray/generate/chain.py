@@ -34,6 +34,7 @@ class ProviderParams:
     backoff_max_s: float = 8.0
     circuit_failures: int = 3
     circuit_cooldown_s: float = 30.0
+    deadline_s: float | None = 90.0  # a whole call: attempts, backoff sleeps and fall-through
 
 
 def provider_names(params: ProviderParams) -> list[str]:
@@ -83,4 +84,5 @@ def provider_chain(params: ProviderParams) -> FallbackProvider:
         attempt_timeout_s=params.timeout_s,
         circuit_failures=params.circuit_failures,
         circuit_cooldown_s=params.circuit_cooldown_s,
+        deadline_s=params.deadline_s,
     )

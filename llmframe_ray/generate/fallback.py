@@ -7,7 +7,10 @@ failed attempt k, the chain sleeps `jittered = rng() * min(backoff_max_s, backof
 `max(retry_after, jittered)`, unless `retry_after > backoff_max_s`: then, as after a provider's
 last attempt, it moves to the next provider at once. A non-retryable error (ProviderRequestError:
 the request itself is bad) is raised at once, and exceptions that are not ProviderErrors
-propagate unchanged; no other provider is tried for either.
+propagate unchanged; no other provider is tried for either. A `generate` or `structured` attempt
+that times out is not tried again on the same provider (the vendor may still be producing, and
+billing, that answer): the chain moves to the next provider. `deadline_s` bounds a whole call,
+retries, sleeps and fall-through included: no attempt outlives it and no sleep runs past it.
 
 Each provider (by position) has a circuit breaker: `circuit_failures` consecutive failed calls
 (all attempts failed) open it; while `clock() < opened_at + circuit_cooldown_s` the provider is
@@ -141,7 +144,8 @@ class FallbackProvider:
     def __init__(
         self, providers: Sequence[Provider], *, max_attempts: int = 3, backoff_s: float = 0.5,
         backoff_max_s: float = 8.0, attempt_timeout_s: float = 30.0, circuit_failures: int = 3,
-        circuit_cooldown_s: float = 30.0, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        circuit_cooldown_s: float = 30.0, deadline_s: float | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random,
     ) -> None:
         if not providers:
@@ -155,6 +159,9 @@ class FallbackProvider:
                 raise ValueError(f"{what} must be at least {low}, got {value!r}")
         if attempt_timeout_s <= 0:
             raise ValueError(f"attempt_timeout_s must be above 0, got {attempt_timeout_s!r}")
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError(f"deadline_s must be above 0, got {deadline_s!r}")
+        self.deadline_s = deadline_s
         self.providers = tuple(providers)
         self.model = self.providers[0].model
         self.max_attempts, self.attempt_timeout_s = max_attempts, attempt_timeout_s
@@ -209,7 +216,7 @@ class FallbackProvider:
         trace: list[AttemptRecord] = []
         (stream, item), index, ticket = await self._first_answer(lambda p: _first_item(
             p, p.stream(messages, system=system, max_tokens=max_tokens, temperature=temperature)
-        ), trace)
+        ), trace, retry_timeouts=True)
         provider, breaker, settled = self.providers[index], self._breakers[index], False
         try:
             while True:
@@ -246,11 +253,15 @@ class FallbackProvider:
         return result, tuple(trace)
 
     async def _first_answer(
-        self, call: Callable[[Provider], Awaitable[T]], trace: list[AttemptRecord]
+        self, call: Callable[[Provider], Awaitable[T]], trace: list[AttemptRecord], *, retry_timeouts: bool = False
     ) -> tuple[T, int, _Ticket]:
         """The first answer, the index of its provider and the breaker ticket, still unsettled."""
         failures: list[tuple[str, str]] = []
+        deadline = None if self.deadline_s is None else self._clock() + self.deadline_s
         for index, provider in enumerate(self.providers):
+            if deadline is not None and self._clock() >= deadline:
+                failures.append((provider.name, f"not tried: the call's deadline of {self.deadline_s:g} s passed"))
+                continue
             breaker = self._breakers[index]
             ticket = breaker.admit(self._clock())
             if ticket is None:
@@ -258,7 +269,7 @@ class FallbackProvider:
                 failures.append((provider.name, "circuit open"))
                 continue
             try:
-                result = await self._attempts(provider, call, trace)
+                result = await self._attempts(provider, call, trace, deadline, retry_timeouts)
             except BaseException:
                 breaker.release(ticket)
                 raise
@@ -270,25 +281,31 @@ class FallbackProvider:
         raise AllProvidersFailedError(failures, tuple(trace))
 
     async def _attempts(
-        self, provider: Provider, call: Callable[[Provider], Awaitable[T]], trace: list[AttemptRecord]
+        self, provider: Provider, call: Callable[[Provider], Awaitable[T]], trace: list[AttemptRecord],
+        deadline: float | None = None, retry_timeouts: bool = False,
     ) -> T | ProviderError:
         """The provider's answer, or the error of its last failed attempt."""
         attempt = 0
         while True:
             attempt += 1
+            timeout, why = self.attempt_timeout_s, f"no answer within {self.attempt_timeout_s:g} s"
+            if deadline is not None and deadline - self._clock() < timeout:
+                timeout, why = max(0.0, deadline - self._clock()), f"no answer before the call's deadline of {self.deadline_s:g} s"
             try:
-                result = await asyncio.wait_for(call(provider), self.attempt_timeout_s)
+                result = await asyncio.wait_for(call(provider), timeout)
                 trace.append(AttemptRecord(provider.name, provider.model, attempt, Outcome.OK))
                 return result
             except asyncio.TimeoutError:
-                error: ProviderError = ProviderTimeoutError(
-                    provider.name, f"no answer within {self.attempt_timeout_s:g} s"
-                )
+                error: ProviderError = ProviderTimeoutError(provider.name, why)
             except ProviderError as raised:
                 if not raised.retryable and not isinstance(raised, ProviderConfigError):
                     raise
                 error = raised
             wait = self._wait(attempt, error)
+            if wait is not None and isinstance(error, ProviderTimeoutError) and not retry_timeouts:
+                wait = None
+            if wait is not None and deadline is not None and self._clock() + wait >= deadline:
+                wait = None
             trace.append(AttemptRecord(
                 provider.name, provider.model, attempt, Outcome.FAILED, _describe(error), wait or 0.0
             ))

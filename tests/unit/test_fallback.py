@@ -137,7 +137,6 @@ def test_retry_then_success_on_the_same_provider():
         (RateLimitedError("a", "slow down"), "RateLimitedError: a: slow down"),
         (unavailable("a", 500), "ProviderUnavailableError: a: 500 busy"),
         (ProviderUnavailableError("a", "connection refused"), "ProviderUnavailableError: a: connection refused"),
-        (ProviderTimeoutError("a", "read timed out"), "ProviderTimeoutError: a: read timed out"),
     ],
 )
 def test_retryable_errors_fall_through_to_the_next_provider(error, described):
@@ -188,6 +187,36 @@ def test_retry_after_above_the_backoff_maximum_falls_through_at_once():
     assert completion.provider == "b"
     assert trace == (failed("a", 1, "RateLimitedError: a: come back later"), ok("b", 1))
     assert (sleeper.waits, a.calls) == ([], 1)
+
+
+def test_a_timed_out_generation_is_not_tried_again_on_the_same_provider():
+    # the vendor may still be producing (and billing) the answer: the next provider is asked
+    a = FakeProvider("a", [ProviderTimeoutError("a", "read timed out"), "never asked"])
+    b = FakeProvider("b", ["from b"])
+    fallback, sleeper, _ = chain(a, b, max_attempts=3)
+    completion, trace = asyncio.run(fallback.generate_traced(Q))
+    assert (completion.text, a.calls, sleeper.waits) == ("from b", 1, [])
+    assert trace == (failed("a", 1, "ProviderTimeoutError: a: read timed out"), ok("b", 1))
+
+
+def test_the_deadline_bounds_the_whole_call():
+    # a hangs: its attempt is cut at the deadline (0.2 s), not at the attempt timeout (10 s)
+    a = FakeProvider("a", [Hang(30.0)])
+    b = FakeProvider("b", ["never asked"])
+    fallback = FallbackProvider([a, b], max_attempts=3, attempt_timeout_s=10, deadline_s=0.2)
+    with pytest.raises(AllProvidersFailedError) as caught:
+        asyncio.run(fallback.generate_traced(Q))
+    assert (a.calls, a.cancelled, b.calls) == (1, 1, 0)
+    assert "a: ProviderTimeoutError: a: no answer before the call's deadline of 0.2 s;" in str(caught.value)
+    assert str(caught.value).endswith("b: not tried: the call's deadline of 0.2 s passed")
+
+
+def test_no_backoff_sleep_runs_past_the_deadline():
+    a = FakeProvider("a", [unavailable("a"), "never asked"])
+    b = FakeProvider("b", ["from b"])
+    fallback, sleeper, clock = chain(a, b, max_attempts=3, deadline_s=2.0, backoff_s=8.0, backoff_max_s=8.0, rng=lambda: 1.0)
+    completion, trace = asyncio.run(fallback.generate_traced(Q))
+    assert (completion.provider, a.calls, sleeper.waits) == ("b", 1, [])  # an 8 s sleep would pass the 2 s deadline
 
 
 def test_an_attempt_that_exceeds_the_timeout_counts_as_a_timeout():
