@@ -150,6 +150,10 @@ class Settings(BaseSettings):
     # second's worth), and requests in flight (0: off); each Ingress replica holds its share
     rate_limit_per_s: float = Field(0.0, ge=0, le=1_000_000, validation_alias=_env("RATE_LIMIT_PER_S"))
     rate_limit_burst: int | None = Field(None, ge=1, le=1_000_000, validation_alias=_env("RATE_LIMIT_BURST"))
+    body_read_timeout_s: float = Field(10.0, gt=0, le=3600, validation_alias=_env("BODY_READ_TIMEOUT_S"))
+    # a request is answered 504 when its response has not started by then (0: no deadline)
+    request_timeout_s: float = Field(60.0, ge=0, le=3600, validation_alias=_env("REQUEST_TIMEOUT_S"))
+    stage_timeout_s: float = Field(30.0, gt=0, le=3600, validation_alias=_env("STAGE_TIMEOUT_S"))
     max_concurrent_per_key: int = Field(0, ge=0, le=1_000_000, validation_alias=_env("MAX_CONCURRENT_PER_KEY"))
     auth_disabled: bool = Field(False, validation_alias=_env("AUTH_DISABLED"))
     max_request_bytes: int = Field(
@@ -286,7 +290,8 @@ class Settings(BaseSettings):
                 default_mode=default_mode,
                 limits=ApiLimits(
                     max_request_bytes=self.max_request_bytes, max_query_chars=self.max_query_chars,
-                    max_top_k=self.max_top_k,
+                    max_top_k=self.max_top_k, body_read_timeout_s=self.body_read_timeout_s,
+                    request_timeout_s=self.request_timeout_s, stage_timeout_s=self.stage_timeout_s,
                     per_key=KeyLimits(
                         rate_per_s=self.rate_limit_per_s,
                         burst=self.rate_limit_burst or (max(1, math.ceil(self.rate_limit_per_s)) if self.rate_limit_per_s else 0),

@@ -14,6 +14,8 @@ answer 429 with Retry-After.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from typing import Any, AsyncIterator, TypeVar
@@ -29,7 +31,7 @@ from llmframe_ray.api.auth import ApiKeys, key_owner, presented_key
 from llmframe_ray.api.limits import KeyLimiter, LimitExceeded, LimitRequests
 from llmframe_ray.api.openai_compat import ChatRequest
 from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
-from llmframe_ray.api.service import FieldError, RagService, StageUnavailableError, prepend
+from llmframe_ray.api.service import FieldError, RagService, StageTimeoutError, StageUnavailableError, prepend
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,12 +56,21 @@ def error_response(status: int, kind: str, message: str, field: str | None = Non
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-class BodyLimit:
-    """ASGI middleware: 413 for a body over `limit` bytes, by Content-Length or as it streams in."""
+UNAUTHORIZED = "a valid API key is required (X-API-Key header or Authorization: Bearer)"
 
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
+
+def _unauthorized() -> JSONResponse:
+    return error_response(401, "unauthorized", UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+
+
+class BodyLimit:
+    """ASGI middleware in front of the app: a /v1/ request without a valid key is refused before
+    its body is read (401); a body over `limit` bytes is refused by Content-Length or as it
+    streams in (413); a body that takes longer than `read_timeout_s` to arrive is refused (408),
+    so slow clients cannot hold the replica's request slots."""
+
+    def __init__(self, app: Any, limit: int, keys: ApiKeys | None = None, read_timeout_s: float = 10.0) -> None:
+        self.app, self.limit, self.keys, self.read_timeout_s = app, limit, keys, read_timeout_s
 
     def _too_large(self, size: str) -> JSONResponse:
         return error_response(
@@ -71,23 +82,37 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        if self.keys is not None and scope.get("path", "").startswith("/v1/"):
+            named = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers.items()}
+            if not self.keys.allows(presented_key(named)):
+                await _unauthorized()(scope, receive, send)
+                return
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             await self._too_large(length.decode())(scope, receive, send)
             return
         # Read the whole body first (it is small by design): a body sent without a length
         # is stopped as soon as it passes the limit, and the app sees it only when it fits.
         body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            body += message.get("body", b"")
-            if len(body) > self.limit:
-                await self._too_large(f"more than {self.limit}")(scope, receive, send)
-                return
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # the client went away
+                        return
+                    body += message.get("body", b"")
+                    if len(body) > self.limit:
+                        await self._too_large(f"more than {self.limit}")(scope, receive, send)
+                        return
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await error_response(
+                408, "request_timeout",
+                f"the request body did not arrive within {self.read_timeout_s:g} s (LLMFRAME_BODY_READ_TIMEOUT_S)",
+            )(scope, receive, send)
+            return
         replayed = False
 
         async def replay() -> dict:
@@ -98,6 +123,42 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class Deadline:
+    """ASGI middleware: a request whose response has not started within `seconds` is cancelled
+    and answered 504 (a stream, once started, is bounded by its own per-item timeouts)."""
+
+    def __init__(self, app: Any, seconds: float) -> None:
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not self.seconds:
+            await self.app(scope, receive, send)
+            return
+        started = asyncio.Event()
+
+        async def watched_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                started.set()
+            await send(message)
+
+        task = asyncio.ensure_future(self.app(scope, receive, watched_send))
+        waiter = asyncio.ensure_future(started.wait())
+        try:
+            await asyncio.wait({task, waiter}, timeout=self.seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not started.is_set() and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await error_response(
+                504, "request_timeout",
+                f"no answer within {self.seconds:g} s (LLMFRAME_REQUEST_TIMEOUT_S); the request was cancelled",
+            )(scope, receive, send)
+            return
+        await task
 
 
 def _field_of(loc: tuple) -> str:
@@ -113,7 +174,7 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
         version="1",
         description="Hybrid retrieval (BM25 + dense, RRF), cross-encoder reranking and answers with citations.",
         responses={
-            status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 405, 413, 422, 429, 500, 502, 503)
+            status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 405, 408, 413, 422, 429, 500, 502, 503, 504)
         },
     )
 
@@ -146,9 +207,13 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
     async def _index_error(request: Request, exc: IndexLoadError) -> JSONResponse:
         return error_response(503, "index_unavailable", str(exc))
 
+    @app.exception_handler(StageTimeoutError)
+    async def _stage_timeout(request: Request, exc: StageTimeoutError) -> JSONResponse:
+        return error_response(504, "stage_timeout", str(exc))
+
     @app.exception_handler(StageUnavailableError)
     async def _stage_error(request: Request, exc: StageUnavailableError) -> JSONResponse:
-        return error_response(503, "stage_unavailable", str(exc))
+        return error_response(503, "stage_unavailable", str(exc), headers={"Retry-After": "1"})
 
     @app.exception_handler(ProviderError)
     async def _provider_error(request: Request, exc: ProviderError) -> JSONResponse:
@@ -167,10 +232,7 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
 
     async def require_key(request: Request) -> None:
         if not keys.allows(presented_key(request.headers)):
-            raise ApiError(
-                401, "unauthorized", "a valid API key is required (X-API-Key header or Authorization: Bearer)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+            raise ApiError(401, "unauthorized", UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
 
     async def require_admin(request: Request) -> None:
         presented = presented_key(request.headers)
@@ -233,7 +295,8 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
         )
 
     limits = service.params.limits
-    app.add_middleware(BodyLimit, limit=limits.max_request_bytes)
+    app.add_middleware(Deadline, seconds=limits.request_timeout_s)
+    app.add_middleware(BodyLimit, limit=limits.max_request_bytes, keys=keys, read_timeout_s=limits.body_read_timeout_s)
     if limits.per_key.enabled:  # outermost: a request over its key's limits is refused before its body is read
         limiter = KeyLimiter(limits.per_key, replicas=limits.replicas)
         app.add_middleware(LimitRequests, limiter=limiter, keys=keys, reject=_too_many)

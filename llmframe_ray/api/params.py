@@ -42,6 +42,9 @@ class ApiLimits:
     max_top_k: int = 100
     per_key: KeyLimits = field(default_factory=KeyLimits)
     replicas: int = 1  # Ingress replicas that split per_key (each enforces its share)
+    body_read_timeout_s: float = 10.0
+    request_timeout_s: float = 60.0  # until the response starts (0: none)
+    stage_timeout_s: float = 30.0  # one call to a retrieval, reranking or session stage
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,10 @@ class StageUnavailableError(LLMFrameError):
     """A stage of the app could not answer (HTTP 503)."""
 
 
+class StageTimeoutError(StageUnavailableError):
+    """A stage of the app did not answer in time (HTTP 504)."""
+
+
 @dataclass(frozen=True)
 class Retrieved:
     version: str

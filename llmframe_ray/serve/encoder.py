@@ -20,7 +20,7 @@ def _texts(calls: list[tuple[str, ...]]) -> int:
     return sum(len(texts) for texts in calls)
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=128)
+@serve.deployment(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=128, max_queued_requests=256)
 class QueryEncoder:
     def __init__(self, params: EmbedderParams) -> None:
         self.embedder = load_embedder(with_replica_threads(params))

@@ -38,7 +38,7 @@ class UsageMeter:
         total["cost_usd"] = round(total["cost_usd"] + cost, 8)
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=128)
+@serve.deployment(ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=128, max_queued_requests=256)
 class Generator:
     def __init__(self, params: ProviderParams, prices: str) -> None:
         self.provider = provider_chain(params)

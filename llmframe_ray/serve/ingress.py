@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from llmframe_ray.errors import LLMFrameError
@@ -17,7 +18,7 @@ from llmframe_ray.api.http import create_app
 from llmframe_ray.api.params import ServiceParams
 from llmframe_ray.serve.replica import unwrap
 from llmframe_ray.serve.retriever import RetrieverArgs, RetrieverCore
-from llmframe_ray.api.service import RagService, Retrieved, StageUnavailableError
+from llmframe_ray.api.service import RagService, Retrieved, StageTimeoutError, StageUnavailableError
 from llmframe_ray.generate.base import Completion, Message, StreamEnd
 from llmframe_ray.types import SearchMode
 
@@ -38,21 +39,32 @@ class ServeStages:
         sessions: DeploymentHandle,
         probes: Mapping[str, DeploymentHandle],
         batched: Mapping[str, DeploymentHandle],
+        timeout_s: float = 30.0,
     ) -> None:
+        self.timeout_s = timeout_s
         self.retriever, self.reranker, self.generator, self.sessions = retriever, reranker, generator, sessions
         self.probes, self.batched = dict(probes), dict(batched)
         self.has_reranker = reranker is not None
 
-    @staticmethod
-    async def _call(stage: str, send: Callable[[], Awaitable[Any]]) -> Any:
+    async def _call(self, stage: str, send: Callable[[], Awaitable[Any]], *, bounded: bool = True) -> Any:
+        """`send()`'s answer; sent once more if its replica died; cancelled after the stage
+        timeout when `bounded` (a generation is bounded by the request's deadline instead)."""
+        timeout_s = self.timeout_s if bounded else None
         attempt = 1
         while True:
             try:
-                return await send()
+                return await asyncio.wait_for(send(), timeout_s)
+            except asyncio.TimeoutError:
+                raise StageTimeoutError(
+                    f"the {stage} stage did not answer within {timeout_s:g} s (LLMFRAME_STAGE_TIMEOUT_S)"
+                ) from None
             except Exception as exc:
                 cause = unwrap(exc)
                 if isinstance(cause, LLMFrameError):
                     raise cause from None
+                if isinstance(cause, (BackPressureError, DeploymentUnavailableError)):
+                    logger.warning("the %s stage refused a request: %s", stage, cause)
+                    raise StageUnavailableError(f"the {stage} stage is overloaded; retry shortly") from None
                 if not isinstance(cause, LOST) and not isinstance(exc, LOST):
                     raise
                 if attempt >= ATTEMPTS:
@@ -70,7 +82,8 @@ class ServeStages:
 
     async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion:
         # retried only when the replica died; provider failures were handled by the chain
-        return await self._call("generator", lambda: self.generator.generate.remote(messages, system, max_tokens, temperature))
+        send = lambda: self.generator.generate.remote(messages, system, max_tokens, temperature)  # noqa: E731
+        return await self._call("generator", send, bounded=False)
 
     async def generate_stream(
         self, messages: list[Message], system: str, max_tokens: int, temperature: float
@@ -127,7 +140,7 @@ class ServeStages:
         return {"note": "counters of the replica that answered, since it started", **dict(zip(names, values)), "Generator": usage}
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256, max_queued_requests=512)
 @serve.ingress()
 class Ingress:
     async def __init__(
@@ -145,7 +158,7 @@ class Ingress:
         if isinstance(retriever, RetrieverArgs):  # retrieval in this process: no hop
             retriever = await RetrieverCore(retriever).start()
             probes, batched = {**probes, "Retriever": retriever}, {**batched, "Retriever": retriever}
-        stages = ServeStages(retriever, reranker, generator, sessions, probes, batched)
+        stages = ServeStages(retriever, reranker, generator, sessions, probes, batched, params.limits.stage_timeout_s)
         self.service = RagService(stages, params)
 
     def __serve_build_asgi_app__(self) -> Any:

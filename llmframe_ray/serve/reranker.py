@@ -42,7 +42,7 @@ def score_each(encoder: Any, items: list[tuple[str, tuple[str, ...]]]) -> list[l
     return out
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=32)
+@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=32, max_queued_requests=64)
 class Reranker:
     def __init__(self, params: RerankerModelParams, depth: int) -> None:
         self.encoder = load_reranker(with_replica_threads(params))

@@ -277,7 +277,7 @@ class RetrieverCore:
         return "ready"
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256)
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256, max_queued_requests=512)
 class Retriever(RetrieverCore):
     async def __init__(self, args: RetrieverArgs) -> None:
         RetrieverCore.__init__(self, args)

@@ -9,7 +9,7 @@ from llmframe_ray.generate.base import Message
 from llmframe_ray.generate.sessions import SessionParams, SessionStore
 
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.02}, max_ongoing_requests=512)
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.02}, max_ongoing_requests=512, max_queued_requests=1024)
 class Sessions:
     def __init__(self, params: SessionParams) -> None:
         self.store = SessionStore(params.token_budget, params.max_sessions)

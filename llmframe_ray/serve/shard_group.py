@@ -13,7 +13,7 @@ from llmframe_ray.retrieve.shard_cache import ShardCache
 from llmframe_ray.serve.replica import replica_threads
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64)
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64, max_queued_requests=256)
 class ShardGroup(ShardCache):
     def __init__(self, index_dir: str, shards: Sequence[int], params: RetrievalParams, threads: int | None) -> None:
         import faiss

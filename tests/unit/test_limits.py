@@ -1,6 +1,7 @@
 """Per-key limits (rate, requests in flight), the admin role, and the cap on generated tokens."""
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -187,3 +188,68 @@ def test_chat_max_tokens_is_capped_by_the_setting(index, embedder):
             body = {"messages": [{"role": "user", "content": "What drives the tides?"}], **asked}
             assert c.post("/v1/chat/completions", headers={"X-API-Key": MAIN}, json=body).status_code == 200
     assert provider.max_tokens == [300, 300, 50, 300]
+
+
+def call_asgi(app, path, receive, headers=()):
+    """Run one request through an ASGI app; returns (status, JSON body)."""
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [(k.encode(), v.encode()) for k, v in headers]}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, (json.loads(body) if body.startswith(b"{") else body)
+
+
+def test_a_body_that_trickles_in_is_408_and_an_unknown_key_never_gets_read():
+    from llmframe_ray.api.http import BodyLimit
+
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append(await receive())
+
+    reads = []
+
+    async def slow_receive():
+        reads.append(1)
+        if len(reads) == 1:
+            return {"type": "http.request", "body": b'{"qu', "more_body": True}
+        await asyncio.sleep(30)
+
+    limit = BodyLimit(app, limit=1024, keys=ApiKeys.configured([MAIN]), read_timeout_s=0.05)
+    assert call_asgi(limit, "/v1/search", slow_receive, [("x-api-key", MAIN)]) == (408, {"error": {
+        "type": "request_timeout", "field": None,
+        "message": "the request body did not arrive within 0.05 s (LLMFRAME_BODY_READ_TIMEOUT_S)"}})
+    reads.clear()
+    status, body = call_asgi(limit, "/v1/search", slow_receive, [("x-api-key", "wrong")])
+    assert (status, body["error"]["type"], reads, reached) == (401, "unauthorized", [], [])
+
+
+def test_a_request_without_an_answer_by_the_deadline_is_cancelled_and_504():
+    from llmframe_ray.api.http import Deadline
+
+    cancelled = []
+
+    async def stuck(scope, receive, send):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def fast(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    assert call_asgi(Deadline(stuck, 0.05), "/v1/query", receive) == (504, {"error": {
+        "type": "request_timeout", "field": None,
+        "message": "no answer within 0.05 s (LLMFRAME_REQUEST_TIMEOUT_S); the request was cancelled"}})
+    assert cancelled == [True]
+    assert call_asgi(Deadline(fast, 0.05), "/v1/query", receive) == (200, b"ok")
