@@ -10,8 +10,10 @@ Each accepted request takes the first behaviour off `script` (`Answer()` when it
 Answer(deltas, input_tokens, output_tokens) is JSON, or one server-sent event per delta when the
 request streams; ToolCall(name, arguments) a tool_use block / message.tool_calls; Fail(status,
 message, headers) a vendor-shaped error; Delay(seconds, then) waits, then behaves as `then`;
-Cut(deltas) sends the deltas and drops the connection mid-body. `requests` records each request's
-path, headers (lower-case) and JSON body. As API version 2026-10-21 does, FakeAnthropic answers
+Cut(deltas) sends the deltas and drops the connection mid-body; Trickle(deltas, interval_s) streams
+the deltas one every `interval_s` and records in `hangups` (time.monotonic()) when the client
+closed the connection before the end. `requests` records each request's path, headers
+(lower-case) and JSON body. As API version 2026-10-21 does, FakeAnthropic answers
 400 to sampling parameters (temperature, top_p, top_k), using up no behaviour.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Mapping, Self, Union
@@ -65,7 +68,13 @@ class Cut:
     deltas: tuple[str, ...]
 
 
-Behaviour = Union[Answer, ToolCall, Fail, Delay, Cut]
+@dataclass(frozen=True)
+class Trickle:
+    deltas: tuple[str, ...]
+    interval_s: float = 0.1
+
+
+Behaviour = Union[Answer, ToolCall, Fail, Delay, Cut, Trickle]
 
 
 @dataclass(frozen=True)
@@ -101,13 +110,20 @@ class _Handler(BaseHTTPRequestHandler):
         if cut:
             self.drop()
 
-    def send_events(self, events: list[str], *, cut: bool) -> None:
-        """One HTTP chunk per event; with `cut`, drop the connection instead of the last chunk."""
+    def send_events(self, events: list[str], *, cut: bool, interval_s: float = 0.0) -> None:
+        """One HTTP chunk per event (`interval_s` apart); with `cut`, drop the connection instead
+        of the last chunk."""
         self.start(200, {"content-type": "text/event-stream; charset=utf-8", "transfer-encoding": "chunked"})
         for event in events:
             data = event.encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-            self.wfile.flush()
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                self.server.fake.hangups.append(time.monotonic())
+                raise
+            if interval_s and self.server.fake._closing.wait(interval_s):
+                return
         if cut:
             return self.drop()
         self.wfile.write(b"0\r\n\r\n")
@@ -134,6 +150,7 @@ class _FakeVendor:
     def __init__(self) -> None:
         self.script: list[Behaviour] = []
         self.requests: list[Recorded] = []
+        self.hangups: list[float] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)  # daemon handler threads
@@ -173,9 +190,10 @@ class _FakeVendor:
             out.send_json(200, self._tool_answer(body, behaviour))
         else:
             cut = isinstance(behaviour, Cut)
-            answer = Answer(behaviour.deltas) if isinstance(behaviour, Cut) else behaviour
+            answer = Answer(behaviour.deltas) if isinstance(behaviour, (Cut, Trickle)) else behaviour
             if body.get("stream"):
-                out.send_events(self._events(body, answer, cut), cut=cut)
+                interval = behaviour.interval_s if isinstance(behaviour, Trickle) else 0.0
+                out.send_events(self._events(body, answer, cut), cut=cut, interval_s=interval)
             else:
                 out.send_json(200, self._answer(body, answer), cut=cut)
 
