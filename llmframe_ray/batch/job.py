@@ -194,7 +194,7 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
         want = plan.shards[shard_id].documents
         if counts["documents"] != want:
             raise RuntimeError(f"shard {shard_id} holds {counts['documents']} documents; the plan says {want}")
-    directory.commit(version, tmp, n_shards, info, verify=True, expected=set(built))
+    directory.commit(version, tmp, n_shards, info, verify=True, expected=set(built), base=previous.version if previous else None)
     result.seconds["publish"] = time.perf_counter() - clock
     log(f"published version {version}: {info['documents']} documents, {info['chunks']} chunks in {n_shards} shards")
     return result

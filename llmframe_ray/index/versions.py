@@ -101,8 +101,9 @@ class IndexDirectory:
             raise IndexLoadError(f"{path} does not name a version: {text!r}")
         return text
 
-    def publish(self, shards: Sequence[IndexShard]) -> str:
-        """Write `shards` as a new version, make it the served one, and return its id."""
+    def publish(self, shards: Sequence[IndexShard], *, base: str | None | object = ...) -> str:
+        """Write `shards` as a new version, make it the served one, and return its id (`base`:
+        see `commit`)."""
         if len(shards) == 0:
             raise ValueError("cannot publish a version with zero shards")
         version, tmp = self.stage()
@@ -112,7 +113,7 @@ class IndexDirectory:
         except Exception:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return self.commit(version, tmp, len(shards))
+        return self.commit(version, tmp, len(shards), base=base)
 
     def stage(self) -> tuple[str, Path]:
         """A new version id and the empty temporary folder its shards are written into."""
@@ -138,12 +139,23 @@ class IndexDirectory:
         *,
         verify: bool = False,
         expected: set[int] | None = None,
+        base: str | None | object = ...,
     ) -> str:
         """Check the staged folder `tmp` (every shard present, or listed as empty, and loadable;
         with `verify` every file's SHA-256 too; with `expected`, exactly those shard folders
         present), write version.json, rename it into place and switch CURRENT. On a failed check
-        the folder is removed and nothing is published."""
+        the folder is removed and nothing is published.
+
+        `base` is the version CURRENT named when the writer started (None: nothing published
+        yet); if CURRENT names another one now, some other writer published in between (the
+        writer lock is advisory and may not hold across machines on shared storage), and this
+        version, built from a stale base, is not published."""
         try:
+            if base is not ... and self.current_version() != base:
+                raise IndexBusyError(
+                    f"{self.root / CURRENT_FILE} changed from {base} to {self.current_version()} while "
+                    f"version {version} was being built from {base}; nothing was published: run it again"
+                )
             present = [i for i in range(n_shards) if (tmp / shard_dir_name(i)).is_dir()]
             if expected is not None and set(present) != set(expected):
                 raise IndexLoadError(

@@ -91,19 +91,23 @@ def build_index(
     """Chunk, embed and index `documents` into `shards` shards (routed by `shard_of`, BM25
     scored with corpus-wide statistics, as the ingestion job does); publish a new version.
 
-    Leftovers of an earlier build of the same directory that crashed are removed first: one
-    writer per index directory at a time.
+    One writer per index directory at a time: the build holds the directory's writer lock (as
+    the ingestion job does; a second writer fails at once with IndexBusyError), removes what a
+    crashed earlier write left behind, and publishes only if CURRENT still names the version it
+    started from.
     """
     chunker = make_chunker(params, embedder)
     directory = IndexDirectory(index_dir)
-    directory.remove_incomplete()
-    chunks = chunk_documents(documents, chunker)
-    if not chunks:
-        raise ValueError("no text to index: every document was empty")
-    if progress is not None:
-        progress("chunk", len(chunks), len(chunks))
-    embeddings = embed_chunks(chunks, embedder, progress)
-    return publish_shards(directory, chunks, embeddings, params, embedder.info(), shards)
+    with directory.writer_lock():
+        directory.remove_incomplete()
+        base = directory.current_version()
+        chunks = chunk_documents(documents, chunker)
+        if not chunks:
+            raise ValueError("no text to index: every document was empty")
+        if progress is not None:
+            progress("chunk", len(chunks), len(chunks))
+        embeddings = embed_chunks(chunks, embedder, progress)
+        return publish_shards(directory, chunks, embeddings, params, embedder.info(), shards, base=base)
 
 
 def publish_shards(
@@ -113,11 +117,13 @@ def publish_shards(
     params: IndexParams,
     model: Mapping[str, Any],
     shards: int = 1,
+    base: str | None | object = ...,
 ) -> str:
     """Index embedded chunks into `shards` shards (routed by `shard_of`, BM25 scored with
-    corpus-wide statistics, as the ingestion job does) and publish them as a new version."""
+    corpus-wide statistics, as the ingestion job does) and publish them as a new version
+    (`base`: see IndexDirectory.commit)."""
     if shards == 1:
-        return directory.publish([build_shard(chunks, embeddings, params, model)])
+        return directory.publish([build_shard(chunks, embeddings, params, model)], base=base)
     if shards < 1:
         raise ValueError(f"shards must be >= 1, got {shards}")
     rows = [[i for i, c in enumerate(chunks) if shard_of(c.doc_id, shards) == s] for s in range(shards)]
@@ -133,7 +139,7 @@ def publish_shards(
     except Exception:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return directory.commit(version, tmp, shards)
+    return directory.commit(version, tmp, shards, base=base)
 
 
 def stderr_progress() -> Progress:
