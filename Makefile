@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml
 run: setup
 	test -d $(SAMPLE_DIR) || $(BIN)/llmframe-ray index sample $(SAMPLE_DIR)
 	$(BIN)/llmframe-ray ingest $(SAMPLE_DIR) --index $(SAMPLE_INDEX) --shards 2
-	test -s $(KEY_FILE) || $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > $(KEY_FILE)
+	test -s $(KEY_FILE) || (umask 077 && $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > $(KEY_FILE))
+	chmod 600 $(KEY_FILE)
 	@export API_SECRET_KEY="$$(cat $(KEY_FILE))" RAY_SERVE_THROUGHPUT_OPTIMIZED=$${RAY_SERVE_THROUGHPUT_OPTIMIZED:-1} \
 	  RAY_SERVE_ENABLE_HA_PROXY=$${RAY_SERVE_ENABLE_HA_PROXY:-1}; \
 	$(BIN)/serve run deployments/local.yaml & pid=$$!; \

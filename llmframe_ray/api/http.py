@@ -36,6 +36,12 @@ from llmframe_ray.api.service import FieldError, RagService, StageTimeoutError, 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 PROVIDER_FAILED = "no answer provider could answer; the server log has the details"
+# `stream: true` answers as Server-Sent Events (the OpenAPI schema says so beside the JSON body)
+SSE_EVENT = {
+    "type": "object", "required": ["data"],
+    "properties": {"event": {"type": "string"}, "data": {"type": "string", "description": "JSON"}},
+}
+STREAM_DOC = {"content": {"text/event-stream": {"schema": SSE_EVENT}}, "description": "JSON, or with `stream: true` Server-Sent Events"}
 # Errors that the framework raises itself (no route, wrong method, a body it cannot decode),
 # answered in the API's error shape like every other error.
 FRAMEWORK_ERRORS = {
@@ -270,7 +276,7 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
     async def search(body: SearchRequest) -> SearchResponse:
         return await service.search(body)
 
-    @app.post("/v1/query", dependencies=auth, response_model=QueryResponse)
+    @app.post("/v1/query", dependencies=auth, response_model=QueryResponse, responses={200: STREAM_DOC})
     async def query(body: QueryRequest, request: Request) -> Any:
         owner = key_owner(presented_key(request.headers))
         if not body.stream:
@@ -282,7 +288,7 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    @app.post("/v1/chat/completions", dependencies=auth)
+    @app.post("/v1/chat/completions", dependencies=auth, responses={200: STREAM_DOC})
     async def chat_completions(body: ChatRequest) -> Any:
         """OpenAI-compatible chat: the last user message is the question, answered from the index."""
         if not body.stream:
@@ -295,12 +301,32 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
         )
 
     limits = service.params.limits
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's schema with this server's limits, so the schema says what validation checks."""
+        if app.openapi_schema is None:
+            _document_limits(default_openapi(), limits.max_top_k, limits.max_query_chars)
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(Deadline, seconds=limits.request_timeout_s)
     app.add_middleware(BodyLimit, limit=limits.max_request_bytes, keys=keys, read_timeout_s=limits.body_read_timeout_s)
     if limits.per_key.enabled:  # outermost: a request over its key's limits is refused before its body is read
         limiter = KeyLimiter(limits.per_key, replicas=limits.replicas)
         app.add_middleware(LimitRequests, limiter=limiter, keys=keys, reject=_too_many)
     return app
+
+
+def _document_limits(schema: dict[str, Any], max_top_k: int, max_query_chars: int) -> None:
+    bodies = schema.get("components", {}).get("schemas", {})
+    for name in ("SearchRequest", "QueryRequest", "ChatRequest"):
+        properties = bodies.get(name, {}).get("properties", {})
+        if "top_k" in properties:
+            properties["top_k"]["maximum"] = max_top_k
+        for text in ("query", "question"):
+            if text in properties:
+                properties[text]["maxLength"] = max_query_chars
 
 
 def _too_many(exc: LimitExceeded) -> JSONResponse:

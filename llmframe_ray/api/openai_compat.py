@@ -14,22 +14,35 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from llmframe_ray.generate.base import Message
 from llmframe_ray.generate.sessions import trim_messages
-from llmframe_ray.api.schemas import AnswerOut, Mode, check_text
+from llmframe_ray.api.schemas import TEXT_PATTERN, AnswerOut, Mode, check_text
 
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "no_context": "stop", "tool_use": "tool_calls"}
+
+
+# What a message's content may be: text, or a list of text parts (images and audio are refused).
+CONTENT_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "pattern": TEXT_PATTERN},
+        {"type": "array", "items": {
+            "type": "object", "required": ["type", "text"],
+            "properties": {"type": {"const": "text"}, "text": {"type": "string", "pattern": TEXT_PATTERN}},
+        }},
+        {"type": "null"},
+    ]
+}
 
 
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: Annotated[str | list[dict[str, Any]] | None, WithJsonSchema(CONTENT_SCHEMA)] = None
 
     @field_validator("content")
     @classmethod

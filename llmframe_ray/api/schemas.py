@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llmframe_ray.generate.sessions import check_session_id
+from llmframe_ray.generate.sessions import SESSION_ID, check_session_id
 from llmframe_ray.types import Answer, Hit
 
 Mode = Literal["bm25", "dense", "hybrid"]
@@ -17,6 +17,12 @@ Level = Literal["document", "chunk"]
 # What the models cannot take and no real text holds: UTF-16 surrogates that JSON's \\uXXXX
 # escapes can smuggle in unpaired, and control characters other than tab and line breaks.
 _BAD_CHARACTER = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+# The same rule for the OpenAPI schema (ECMA-262 regex): no such character, and at least one
+# that is not whitespace. Surrogates are left out: JSON Schema strings cannot hold them unpaired.
+_TEXT_CHAR = "[^\\u0000-\\u0008\\u000b\\u000c\\u000e-\\u001f\\u007f-\\u009f]"
+TEXT_PATTERN = f"^{_TEXT_CHAR}*[^\\s\\u0000-\\u001f\\u007f-\\u009f]{_TEXT_CHAR}*$"
 
 
 def check_text(value: str) -> str:
@@ -39,7 +45,7 @@ def _not_blank(value: str) -> str:
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(..., description="The search text.")
+    query: str = Field(..., description="The search text.", json_schema_extra={"pattern": TEXT_PATTERN})
     top_k: int = Field(10, ge=1, le=1000, description="Hits to return (at most LLMFRAME_MAX_TOP_K).")
     mode: Mode | None = Field(None, description="bm25, dense or hybrid (default: hybrid if HYBRID_SEARCH_ENABLED).")
     rerank: bool | None = Field(None, description="Rescore the head with the cross-encoder (default: RERANKER_ENABLED).")
@@ -51,12 +57,15 @@ class SearchRequest(BaseModel):
 class QueryRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(..., description="The question to answer from the index.")
+    question: str = Field(..., description="The question to answer from the index.", json_schema_extra={"pattern": TEXT_PATTERN})
     top_k: int = Field(5, ge=1, le=1000, description="Passages given to the generator.")
     stream: bool = Field(False, description="Answer as Server-Sent Events.")
     mode: Mode | None = None
     rerank: bool | None = None
-    session_id: str | None = Field(None, description="Conversation id: follow-up questions see this session's earlier turns.")
+    session_id: str | None = Field(
+        None, description="Conversation id: follow-up questions see this session's earlier turns.",
+        json_schema_extra={"pattern": SESSION_ID.pattern},
+    )
 
     _question = field_validator("question")(_not_blank)
 
