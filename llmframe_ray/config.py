@@ -129,6 +129,9 @@ class Settings(BaseSettings):
     reranker_depth: int = Field(50, ge=1, le=1000, validation_alias=_env("RERANKER_DEPTH"))
     reranker_batch_size: int = Field(32, ge=1, le=1024, validation_alias=_env("RERANKER_BATCH_SIZE"))
     reranker_max_length: int | None = Field(None, ge=8, le=512, validation_alias=_env("RERANKER_MAX_LENGTH"))
+    # when the Reranker is down or too slow: answer in first-stage order with a warning (true)
+    # or fail the request with 503 (false)
+    reranker_fail_open: bool = Field(True, validation_alias=_env("RERANKER_FAIL_OPEN"))
     reranker_fusion: RerankFusion = Field(RerankFusion.RRF, validation_alias=_env("RERANKER_FUSION"))
     # RRF k of the cross-encoder's order with the first stage's; chosen on SciFact train (README)
     reranker_rrf_k: int = Field(20, ge=0, validation_alias=_env("RERANKER_RRF_K"))
@@ -303,6 +306,7 @@ class Settings(BaseSettings):
                     max_tokens=self.llm_max_tokens, temperature=self.llm_temperature, prices=self.llm_prices,
                 ),
                 session_token_budget=self.session_token_budget,
+                rerank_fail_open=self.reranker_fail_open,
             ),
             providers=ProviderParams(
                 providers=self.llm_providers, anthropic_api_key=self.anthropic_api_key,

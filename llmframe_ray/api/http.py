@@ -20,7 +20,7 @@ import json
 import logging
 from typing import Any, AsyncIterator, TypeVar
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as FrameworkHTTPError
@@ -273,19 +273,22 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
         return await service.stages.stats()
 
     @app.post("/v1/search", dependencies=auth, response_model=SearchResponse)
-    async def search(body: SearchRequest) -> SearchResponse:
-        return await service.search(body)
+    async def search(body: SearchRequest, response: Response) -> SearchResponse:
+        answer = await service.search(body)
+        response.headers.update(_warning_header(answer.warnings))
+        return answer
 
     @app.post("/v1/query", dependencies=auth, response_model=QueryResponse, responses={200: STREAM_DOC})
     async def query(body: QueryRequest, request: Request) -> Any:
         owner = key_owner(presented_key(request.headers))
         if not body.stream:
-            return await service.query(body, owner)
+            answer = await service.query(body, owner)
+            return JSONResponse(answer.model_dump(mode="json"), headers=_warning_header(answer.warnings))
         ranked = await service.retrieve_for_answer(body)
         return StreamingResponse(
             _sse(await _started(service.answer_events(body, ranked, owner))),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **_warning_header(ranked.warnings)},
         )
 
     @app.post("/v1/chat/completions", dependencies=auth, responses={200: STREAM_DOC})
@@ -316,6 +319,10 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
         limiter = KeyLimiter(limits.per_key, replicas=limits.replicas)
         app.add_middleware(LimitRequests, limiter=limiter, keys=keys, reject=_too_many)
     return app
+
+
+def _warning_header(warnings: Any) -> dict[str, str]:
+    return {"X-LLMFrame-Warning": "; ".join(warnings)} if warnings else {}
 
 
 def _document_limits(schema: dict[str, Any], max_top_k: int, max_query_chars: int) -> None:

@@ -64,3 +64,4 @@ class ServiceParams:
     rerank: RerankParams = field(default_factory=RerankParams)
     generation: GenerationParams = field(default_factory=GenerationParams)
     session_token_budget: int = 2000
+    rerank_fail_open: bool = True  # a Reranker that is down: answer unreranked, with a warning

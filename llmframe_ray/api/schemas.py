@@ -92,6 +92,9 @@ class HitOut(BaseModel):
         )
 
 
+WARNINGS = Field(default_factory=list, description="Degraded answers say why (also in the X-LLMFrame-Warning header).")
+
+
 class SearchResponse(BaseModel):
     version: str
     mode: Mode
@@ -99,6 +102,7 @@ class SearchResponse(BaseModel):
     reranked: bool
     hits: list[HitOut]
     timings_ms: dict[str, float]
+    warnings: list[str] = WARNINGS
 
 
 class CitationOut(BaseModel):
@@ -143,6 +147,7 @@ class QueryResponse(AnswerOut):
     mode: Mode
     reranked: bool
     timings_ms: dict[str, float]
+    warnings: list[str] = WARNINGS
 
 
 class ErrorBody(BaseModel):

@@ -10,6 +10,7 @@ calls (serve/local.py); the ranking itself lives in the core (retrieve/plan.py, 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Protocol
@@ -42,6 +43,8 @@ from llmframe_ray.api.schemas import (
 )
 from llmframe_ray.types import Answer, Hit, SearchMode
 
+logger = logging.getLogger(__name__)
+
 
 class FieldError(LLMFrameError, ValueError):
     """A request field whose value this server cannot serve (HTTP 422)."""
@@ -50,6 +53,9 @@ class FieldError(LLMFrameError, ValueError):
         self.field = field
         self.message = message
         super().__init__(f"{field}: {message}")
+
+
+RERANK_SKIPPED = "the reranker is unavailable: hits are in first-stage order (reranked: false)"
 
 
 class StageUnavailableError(LLMFrameError):
@@ -130,6 +136,7 @@ class Ranked:
     reranked: bool
     hits: list[Hit]
     timings_ms: dict[str, float]
+    warnings: tuple[str, ...] = ()
 
 
 class RagService:
@@ -153,6 +160,7 @@ class RagService:
             reranked=ranked.reranked,
             hits=[HitOut.of(h) for h in ranked.hits],
             timings_ms=ranked.timings_ms,
+            warnings=list(ranked.warnings),
         )
 
     async def query(self, request: QueryRequest, owner: str = "") -> QueryResponse:
@@ -174,6 +182,7 @@ class RagService:
             mode=ranked.mode.value,
             reranked=ranked.reranked,
             timings_ms=_with_total({**ranked.timings_ms, "generate": _ms(start)}),
+            warnings=list(ranked.warnings),
         )
 
     async def retrieve_for_answer(self, request: QueryRequest) -> Ranked:
@@ -294,10 +303,18 @@ class RagService:
             raise FieldError(field, str(exc)) from None
         timings = {"retrieve": _ms(start)}
         hits = retrieved.hits
+        warnings: tuple[str, ...] = ()
         if rerank and hits:
             start = time.perf_counter()
-            scores = await self.stages.rerank_scores(text, steps.passages(hits))
-            hits = steps.apply(text, hits, scores)
+            try:
+                scores = await self.stages.rerank_scores(text, steps.passages(hits))
+            except StageUnavailableError as exc:
+                if not self.params.rerank_fail_open:
+                    raise
+                logger.warning("answering without reranking: %s", exc)
+                rerank, warnings = False, (RERANK_SKIPPED,)
+            else:
+                hits = steps.apply(text, hits, scores)
             timings["rerank"] = _ms(start)
-        return Ranked(retrieved.version, search_mode, rerank, hits[:top_k], _with_total(timings))
+        return Ranked(retrieved.version, search_mode, rerank, hits[:top_k], _with_total(timings), warnings)
 

@@ -10,7 +10,9 @@ the request itself is bad) is raised at once, and exceptions that are not Provid
 propagate unchanged; no other provider is tried for either. A `generate` or `structured` attempt
 that times out is not tried again on the same provider (the vendor may still be producing, and
 billing, that answer): the chain moves to the next provider. `deadline_s` bounds a whole call,
-retries, sleeps and fall-through included: no attempt outlives it and no sleep runs past it.
+retries, sleeps and fall-through included: no attempt outlives it and no sleep runs past it;
+an offline provider (`offline = True`, the extractive answerer) is still tried after it, so a
+chain that ends with one always answers.
 
 Each provider (by position) has a circuit breaker: `circuit_failures` consecutive failed calls
 (all attempts failed) open it; while `clock() < opened_at + circuit_cooldown_s` the provider is
@@ -259,7 +261,8 @@ class FallbackProvider:
         failures: list[tuple[str, str]] = []
         deadline = None if self.deadline_s is None else self._clock() + self.deadline_s
         for index, provider in enumerate(self.providers):
-            if deadline is not None and self._clock() >= deadline:
+            offline = getattr(provider, "offline", False)
+            if deadline is not None and self._clock() >= deadline and not offline:
                 failures.append((provider.name, f"not tried: the call's deadline of {self.deadline_s:g} s passed"))
                 continue
             breaker = self._breakers[index]
@@ -269,7 +272,7 @@ class FallbackProvider:
                 failures.append((provider.name, "circuit open"))
                 continue
             try:
-                result = await self._attempts(provider, call, trace, deadline, retry_timeouts)
+                result = await self._attempts(provider, call, trace, None if offline else deadline, retry_timeouts)
             except BaseException:
                 breaker.release(ticket)
                 raise

@@ -211,6 +211,15 @@ def test_the_deadline_bounds_the_whole_call():
     assert str(caught.value).endswith("b: not tried: the call's deadline of 0.2 s passed")
 
 
+def test_an_offline_provider_still_answers_after_the_deadline():
+    a = FakeProvider("a", [Hang(30.0)])
+    local = FakeProvider("extractive", ["from the passages"])
+    local.offline = True
+    fallback = FallbackProvider([a, local], max_attempts=3, attempt_timeout_s=10, deadline_s=0.2)
+    completion, trace = asyncio.run(fallback.generate_traced(Q))
+    assert (completion.provider, a.cancelled) == ("extractive", 1)
+
+
 def test_no_backoff_sleep_runs_past_the_deadline():
     a = FakeProvider("a", [unavailable("a"), "never asked"])
     b = FakeProvider("b", ["from b"])

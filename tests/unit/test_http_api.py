@@ -342,3 +342,32 @@ def test_stage_failures_are_json_errors(index_dir, settings, pipeline, error, st
         response = failing.post("/v1/search", headers=AUTH, json={"query": "moon"})
     assert response.status_code == status
     assert response.json()["error"] == {"type": kind, "message": message, "field": None}
+
+
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_a_reranker_that_is_down_gives_first_stage_order_with_a_warning(index_dir, embedder, pipeline, fail_open):
+    from llmframe_ray.api.service import RERANK_SKIPPED, StageUnavailableError
+
+    class RerankerDown(LocalStages):
+        async def rerank_scores(self, query, passages):
+            raise StageUnavailableError("the reranker stage is unavailable; retry shortly")
+
+    settings = load_settings(
+        chunk_size=64, chunk_overlap=8, fusion_depth=4, reranker_depth=5, max_top_k=20, api_secret_key=KEY,
+        reranker_fail_open=fail_open,
+    )
+    stages = RerankerDown(index_dir, pipeline, "v", LengthReranker())
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
+    search = {"query": "moon", "mode": "hybrid", "rerank": True, "top_k": 3}
+    with TestClient(app) as c:
+        response = c.post("/v1/search", headers=AUTH, json=search)
+        query = c.post("/v1/query", headers=AUTH, json={"question": "What drives the tides?", "rerank": True, "top_k": 3})
+    if not fail_open:
+        assert response.status_code == 503 and query.status_code == 503
+        return
+    body = response.json()
+    assert response.status_code == 200 and response.headers["x-llmframe-warning"] == RERANK_SKIPPED
+    assert (body["reranked"], body["warnings"]) == (False, [RERANK_SKIPPED])
+    assert body["hits"] == as_dicts(pipeline.search("moon", "hybrid", 3, rerank=False))
+    assert query.status_code == 200 and query.json()["warnings"] == [RERANK_SKIPPED] and query.json()["reranked"] is False
+    assert query.headers["x-llmframe-warning"] == RERANK_SKIPPED
