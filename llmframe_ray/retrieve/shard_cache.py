@@ -12,9 +12,11 @@ memory-mapped, so a pruned version remains readable until then).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from typing import Any, Sequence
 
+from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.retrieve.candidates import ShardAnswer
@@ -23,6 +25,7 @@ from llmframe_ray.retrieve.plan import ReadChunks, Request, SearchShard, ShardFa
 
 EMPTY = ShardFacts(size=0, n_tokens=0, corpus=None, model={})
 
+logger = logging.getLogger(__name__)
 Loaded = dict[int, IndexShard | None]  # shard number -> the shard (None: left empty)
 
 
@@ -44,7 +47,10 @@ class ShardCache:
         self._locks: dict[str, asyncio.Lock] = {}
         current = self.index.current_version()
         if current is not None:
-            self._remember(current, self._load(current))
+            try:
+                self._remember(current, self._load(current))
+            except IndexLoadError as exc:  # the caller decides what to serve (RetrieverCore._first_version)
+                logger.error("version %s does not load here: %s", current, exc)
 
     def _load(self, version: str) -> Loaded:
         loaded: Loaded = {}

@@ -126,7 +126,7 @@ class RetrieverCore:
         if self.encoder is None:
             self.embedder = await asyncio.to_thread(load_embedder, with_replica_threads(args.encoder))
             self.embedder.embed(["warm up"])
-        self.served = await self._prepare(current)
+        self.served = await self._first_version(current)
         loop = asyncio.get_running_loop()
         if args.watch_interval_s > 0:
             self._watcher = loop.create_task(self._watch(args.watch_interval_s))
@@ -202,6 +202,26 @@ class RetrieverCore:
             return list(await self.encoder.encode_many.remote(queries))
         except Exception as exc:
             return [unwrap(exc)] * len(queries)
+
+    async def _first_version(self, current: str) -> Served:
+        """CURRENT's version, or, when it cannot be served, the newest older one that can (so a
+        replica that restarts after a bad publish serves what the running replicas kept serving
+        instead of failing); `problem` and /v1/index say so."""
+        try:
+            return await self._prepare(current)
+        except (IndexLoadError, ModelError) as exc:
+            problem = f"version {current} is not served: {exc}"
+            for older in reversed(self.index.versions()):
+                if older >= current:
+                    continue
+                try:
+                    served = await self._prepare(older)
+                except (IndexLoadError, ModelError):
+                    continue
+                self.problem, self._failed = f"{problem}; serving {older}, the newest version that loads", current
+                logger.error(self.problem)
+                return served
+            raise
 
     async def _prepare(self, version: str) -> Served:
         """Load `version` in every shard group and check it can be served."""

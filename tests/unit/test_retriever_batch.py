@@ -111,3 +111,27 @@ def test_a_request_the_reranker_cannot_score_fails_alone_in_its_batch():
     assert score_each(encoder, [items[0], items[2]]) == [[2.0, 4.0], [1.0]]
     with pytest.raises(TypeError):
         score_each(encoder, [items[1]])
+
+
+def test_a_replica_that_starts_after_a_broken_publish_serves_the_newest_version_that_loads(tmp_path, model_dir):
+    from llmframe_ray.index.versions import IndexDirectory
+
+    settings = load_settings(fusion_depth=10)
+    params = settings.params()
+    root = tmp_path / "index"
+    good = build_index(DOCS, root, params.index, OnnxEmbedder(model_dir, threads=1))
+    broken = build_index(DOCS[:2], root, params.index, OnnxEmbedder(model_dir, threads=1))
+    faiss_file = next((root / "versions" / broken).rglob("*.faiss"))
+    faiss_file.write_bytes(faiss_file.read_bytes()[:100])  # a bad disk, a bad copy
+    assert IndexDirectory(root).current_version() == broken
+
+    async def start():
+        args = retriever.RetrieverArgs(params.embedder.with_threads(1), [((0,), None)], str(root), params.retrieval, 0, 1)
+        return await retriever.RetrieverCore(args).start()
+
+    core = asyncio.run(start())
+    assert core.served.version == good
+    assert core.problem.startswith(f"version {broken} is not served: ") and core.problem.endswith(
+        f"; serving {good}, the newest version that loads")
+    (result,) = asyncio.run(core._answer(core.served, [retriever.Ask("why iron rusts", SearchMode.HYBRID, ResultLevel.DOCUMENT, 1)]))
+    assert result.version == good and result.hits[0].doc_id == "rust"
