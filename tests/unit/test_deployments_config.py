@@ -31,12 +31,19 @@ def test_serve_config_is_valid(name):
         assert args.reranker is True  # a config for a deployment the app lacks is rejected by Serve
 
 
-def test_rayservice_embeds_cluster_config():
-    service = load("rayservice.yaml")
+def test_rayservice_embeds_cluster_config_and_keeps_the_control_plane_closed():
+    service, policy = yaml.safe_load_all((REPO / "deployments" / "rayservice.yaml").read_text())
     assert service["kind"] == "RayService"
     assert yaml.safe_load(service["spec"]["serveConfigV2"]) == load("cluster.yaml")
-    head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    cluster = service["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {"name": "API_SECRET_KEY", "valueFrom": {"secretKeyRef": {"name": "llmframe-api-keys", "key": "api-secret-key"}}} in head["env"]
+    assert cluster["authOptions"] == {"mode": "token"}  # Ray's token authentication
+    assert 10001 not in {p["containerPort"] for p in head["ports"]}  # no Ray client port
+    # the network policy admits anyone to the Serve port only
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
+    open_rules = [rule for rule in policy["spec"]["ingress"] if "from" not in rule]
+    assert open_rules == [{"ports": [{"port": 8000, "protocol": "TCP"}]}]
 
 
 def test_builder_rejects_bad_args(tmp_path):
