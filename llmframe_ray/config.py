@@ -164,6 +164,8 @@ class Settings(BaseSettings):
     )
     max_query_chars: int = Field(2000, ge=16, le=100_000, validation_alias=_env("MAX_QUERY_CHARS"))
     max_top_k: int = Field(100, ge=1, le=1000, validation_alias=_env("MAX_TOP_K"))
+    # serving checks every index file's SHA-256 when it loads a version (sizes are always checked)
+    index_verify_on_load: bool = Field(True, validation_alias=_env("INDEX_VERIFY_ON_LOAD"))
     index_watch_interval_s: float = Field(2.0, ge=0, validation_alias=_env("INDEX_WATCH_INTERVAL_S"))
 
     # Generation: an ordered chain of providers, each tried (with retries) before the next
@@ -281,6 +283,7 @@ class Settings(BaseSettings):
                     fusion_depth=self.fusion_depth,
                 ),
                 hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe,
+                verify_on_load=self.index_verify_on_load,
             ),
             rerank=rerank,
             reranker_model=RerankerModelParams(

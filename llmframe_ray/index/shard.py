@@ -17,7 +17,7 @@ import hashlib
 import os
 import shutil
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -75,10 +75,16 @@ def _describe_files(directory: Path) -> dict[str, dict[str, Any]]:
 def _check_files(path: Path, files: Mapping[str, Any], verify: bool) -> None:
     if DENSE_FILE not in files:
         raise IndexLoadError(f"{path}: the manifest lists no {DENSE_FILE}")
+    root = path.resolve()
     for name, expected in files.items():
         if not isinstance(expected, Mapping) or not {"bytes", "sha256"} <= set(expected):
             raise IndexLoadError(f"{path}: manifest entry for {name} needs bytes and sha256")
         file = path / name
+        # a manifest names files inside its own folder only: no absolute paths, no "..", no
+        # links that lead out of it
+        parts = PurePosixPath(name).parts if isinstance(name, str) else ()
+        if not parts or PurePosixPath(name).is_absolute() or ".." in parts or root not in file.resolve().parents:
+            raise IndexLoadError(f"{path}: the manifest names {name!r}, which is not a file of this shard folder")
         if not file.is_file():
             raise IndexLoadError(f"{path}: file {name} listed in the manifest is missing")
         size = file.stat().st_size

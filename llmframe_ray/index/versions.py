@@ -198,8 +198,9 @@ class IndexDirectory:
             raise IndexLoadError(f"{path} is unreadable: {exc}") from None
         return info
 
-    def load_shard(self, version: str, shard: int, *, mmap: bool = True) -> IndexShard | None:
-        """Shard number `shard` of `version`; None when that version left it empty."""
+    def load_shard(self, version: str, shard: int, *, mmap: bool = True, verify: bool = False) -> IndexShard | None:
+        """Shard number `shard` of `version`; None when that version left it empty (`verify`:
+        also check every file's SHA-256)."""
         if not _VERSION_ID.match(version):
             raise IndexLoadError(f"{version!r} is not a version id")
         info = self.version_info(version)
@@ -208,7 +209,7 @@ class IndexDirectory:
             raise IndexLoadError(f"version {version} has {n_shards} shards; there is no shard {shard}")
         if shard in set(info.get("empty_shards", [])):
             return None
-        return IndexShard.load(self.versions_dir / version / shard_dir_name(shard), mmap=mmap)
+        return IndexShard.load(self.versions_dir / version / shard_dir_name(shard), mmap=mmap, verify=verify)
 
     def describe(self, version: str) -> dict[str, Any]:
         """A version's record with every shard's manifest, as JSON-ready data (for /v1/index)."""

@@ -137,11 +137,17 @@ def _wanted(path: Path) -> bool:
 
 
 def _walk_folder(root: Path) -> list[tuple[Path, str]]:
+    """The supported files under `root`, hidden ones and symbolic links that lead out of `root`
+    left out (a folder given as a source never makes the job read files elsewhere)."""
     found = []
+    inside = root.resolve()
     for folder, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         paths = (Path(folder, name) for name in filenames if not name.startswith("."))
-        found.extend((p, p.relative_to(root).as_posix()) for p in paths if _wanted(p))
+        found.extend(
+            (p, p.relative_to(root).as_posix()) for p in paths
+            if _wanted(p) and (not p.is_symlink() or inside in p.resolve().parents)
+        )
     return sorted(found, key=lambda item: item[1])
 
 
@@ -237,9 +243,24 @@ def _jsonl_document(path: Path, number: int, raw: bytes) -> Document | None:
     return Document(str(doc_id), text, title=title, source=str(path), metadata=metadata)
 
 
+# One document file larger than this is refused unread (a JSON Lines corpus is read line by
+# line and has no such limit); LLMFRAME_MAX_FILE_BYTES changes it.
+DEFAULT_MAX_FILE_BYTES = 256 * 2**20
+
+
+def max_file_bytes() -> int:
+    value = os.environ.get("LLMFRAME_MAX_FILE_BYTES", "")
+    return int(value) if value.strip().isdigit() else DEFAULT_MAX_FILE_BYTES
+
+
 def _read_bytes(path: Path) -> bytes:
+    limit = max_file_bytes()
     try:
-        return path.read_bytes()
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > limit:
+                raise DocumentReadError(path, f"file is {size} bytes; the limit is {limit} (LLMFRAME_MAX_FILE_BYTES)")
+            return handle.read(limit + 1)
     except OSError as exc:
         raise DocumentReadError(path, _os_reason(exc)) from None
 

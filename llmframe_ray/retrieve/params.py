@@ -16,6 +16,7 @@ class RetrievalParams:
     fusion: FusionParams = field(default_factory=FusionParams)
     hnsw_ef_search: int = 128
     ivf_nprobe: int = 16
+    verify_on_load: bool = True  # serving checks every file's SHA-256 before it serves a version
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_mode", SearchMode.from_str(self.default_mode))

@@ -67,7 +67,8 @@ class Pipeline:
         reranker: CrossEncoder | None = None,
         rerank: RerankParams | None = None,
     ) -> Pipeline:
-        loaded = IndexDirectory(index_dir).load()
+        verify = (retrieval or RetrievalParams()).verify_on_load
+        loaded = IndexDirectory(index_dir).load(verify=verify)
         return cls(loaded.shards, embedder, retrieval, reranker, rerank)
 
     @property

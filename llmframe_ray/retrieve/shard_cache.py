@@ -55,7 +55,7 @@ class ShardCache:
     def _load(self, version: str) -> Loaded:
         loaded: Loaded = {}
         for number in self.shards:
-            shard = self.index.load_shard(version, number)
+            shard = self.index.load_shard(version, number, verify=self.params.verify_on_load)
             loaded[number] = None if shard is None else self.params.prepare(shard)
         return loaded
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -424,3 +425,31 @@ def test_bm25_over_shards_needs_corpus_wide_statistics():
     assert "would rank differently" in bm25_consistency_problem(wide[:1] + facts[1:])
     empty = ShardFacts(size=0, n_tokens=0, corpus=None, model={})
     assert bm25_consistency_problem(facts[:1] + [empty]) is None
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "/etc/hostname", "sparse/../../outside.bin", "link.bin"])
+def test_a_manifest_cannot_name_files_outside_its_shard(saved, name):
+    outside = saved.parent / "outside.bin"
+    outside.write_bytes(b"secret")
+    (saved / "link.bin").symlink_to(outside)
+    manifest = json.loads((saved / "manifest.json").read_text())
+    manifest["files"][name] = {"bytes": 6, "sha256": "0" * 64}
+    (saved / "manifest.json").write_text(json.dumps(manifest))
+    assert load_error(saved) == f"{saved}: the manifest names {name!r}, which is not a file of this shard folder"
+
+
+def test_serving_loads_check_checksums(tmp_path):
+    from llmframe_ray.retrieve.params import RetrievalParams
+    from llmframe_ray.retrieve.shard_cache import ShardCache
+
+    directory = IndexDirectory(tmp_path / "index")
+    version = directory.publish([build_shard()])
+    path = directory.versions_dir / version / "shard-0000" / "chunks.bin"
+    data = bytearray(path.read_bytes())
+    data[5] ^= 0x01  # same size: only the checksum tells
+    path.write_bytes(bytes(data))
+    cache = ShardCache(str(tmp_path / "index"), [0], RetrievalParams())
+    with pytest.raises(IndexLoadError, match="file chunks.bin does not match its SHA-256 in the manifest"):
+        asyncio.run(cache.version(version))
+    unchecked = ShardCache(str(tmp_path / "index"), [0], RetrievalParams(verify_on_load=False))
+    assert asyncio.run(unchecked.version(version))[0] is not None

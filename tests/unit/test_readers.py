@@ -385,3 +385,32 @@ def test_duplicate_doc_ids_across_sources_are_errors(tmp_path):
     assert [(e.path, e.reason) for e in errors] == [
         (str(second), f"line 1: duplicate doc_id 'same', first in {first} line 1")
     ]
+
+
+def test_a_folder_source_never_leads_out_of_the_folder(tmp_path):
+    from llmframe_ray.ingest.readers import resolve_sources
+
+    corpus, elsewhere = tmp_path / "corpus", tmp_path / "elsewhere"
+    corpus.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "secret.txt").write_text("not for the index")
+    (corpus / "kept.txt").write_text("part of the corpus")
+    (corpus / "alias.txt").symlink_to(corpus / "kept.txt")  # a link within the folder is fine
+    (corpus / "leak.txt").symlink_to(elsewhere / "secret.txt")
+    (corpus / "linked-folder").symlink_to(elsewhere, target_is_directory=True)
+    found = resolve_sources([corpus])
+    assert [path.resolve() for path, _ in found] == [(corpus / "kept.txt").resolve()]  # the alias is the same file
+
+
+def test_a_file_over_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
+    from llmframe_ray.errors import DocumentReadError
+    from llmframe_ray.ingest.readers import read_document
+
+    path = tmp_path / "big.txt"
+    path.write_text("word " * 300)
+    monkeypatch.setenv("LLMFRAME_MAX_FILE_BYTES", "1000")
+    with pytest.raises(DocumentReadError) as caught:
+        read_document(path)
+    assert str(caught.value).endswith("file is 1500 bytes; the limit is 1000 (LLMFRAME_MAX_FILE_BYTES)")
+    monkeypatch.setenv("LLMFRAME_MAX_FILE_BYTES", "1500")
+    assert read_document(path).text.startswith("word word")
