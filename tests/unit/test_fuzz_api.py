@@ -30,7 +30,7 @@ from llmframe_ray.models.embedder import ensure_local_model  # noqa: E402
 from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
 from llmframe_ray.types import Document  # noqa: E402
 
-pytestmark = pytest.mark.fuzz
+pytestmark = [pytest.mark.fuzz, pytest.mark.model]  # builds a small index with the exported embedder
 
 KEY = "fuzz-key-0123456789"
 FUZZ_EXAMPLES = int(os.environ.get("LLMFRAME_FUZZ_EXAMPLES", "300"))
