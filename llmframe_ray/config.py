@@ -157,6 +157,8 @@ class Settings(BaseSettings):
     # a request is answered 504 when its response has not started by then (0: no deadline)
     request_timeout_s: float = Field(60.0, ge=0, le=3600, validation_alias=_env("REQUEST_TIMEOUT_S"))
     stage_timeout_s: float = Field(30.0, gt=0, le=3600, validation_alias=_env("STAGE_TIMEOUT_S"))
+    # generation tokens (input + output) per API key per UTC day (0: no budget); over it: 429
+    daily_tokens_per_key: int = Field(0, ge=0, le=10**12, validation_alias=_env("DAILY_TOKENS_PER_KEY"))
     max_concurrent_per_key: int = Field(0, ge=0, le=1_000_000, validation_alias=_env("MAX_CONCURRENT_PER_KEY"))
     auth_disabled: bool = Field(False, validation_alias=_env("AUTH_DISABLED"))
     max_request_bytes: int = Field(
@@ -310,6 +312,7 @@ class Settings(BaseSettings):
                 ),
                 session_token_budget=self.session_token_budget,
                 rerank_fail_open=self.reranker_fail_open,
+                daily_tokens_per_key=self.daily_tokens_per_key,
             ),
             providers=ProviderParams(
                 providers=self.llm_providers, anthropic_api_key=self.anthropic_api_key,

@@ -31,7 +31,9 @@ from llmframe_ray.api.auth import ApiKeys, key_owner, presented_key
 from llmframe_ray.api.limits import KeyLimiter, LimitExceeded, LimitRequests
 from llmframe_ray.api.openai_compat import ChatRequest
 from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
-from llmframe_ray.api.service import FieldError, RagService, StageTimeoutError, StageUnavailableError, prepend
+from llmframe_ray.api.service import (
+    BudgetExceededError, FieldError, RagService, StageTimeoutError, StageUnavailableError, prepend,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -213,6 +215,10 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
     async def _index_error(request: Request, exc: IndexLoadError) -> JSONResponse:
         return error_response(503, "index_unavailable", str(exc))
 
+    @app.exception_handler(BudgetExceededError)
+    async def _over_budget(request: Request, exc: BudgetExceededError) -> JSONResponse:
+        return error_response(429, "budget_exceeded", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+
     @app.exception_handler(StageTimeoutError)
     async def _stage_timeout(request: Request, exc: StageTimeoutError) -> JSONResponse:
         return error_response(504, "stage_timeout", str(exc))
@@ -292,13 +298,14 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
         )
 
     @app.post("/v1/chat/completions", dependencies=auth, responses={200: STREAM_DOC})
-    async def chat_completions(body: ChatRequest) -> Any:
+    async def chat_completions(body: ChatRequest, request: Request) -> Any:
         """OpenAI-compatible chat: the last user message is the question, answered from the index."""
+        owner = key_owner(presented_key(request.headers))
         if not body.stream:
-            return await service.chat(body)
-        turn = await service.chat_turn(body)
+            return await service.chat(body, owner)
+        turn = await service.chat_turn(body, owner)
         return StreamingResponse(
-            _openai_sse(await _started(service.chat_chunks(body, turn))),
+            _openai_sse(await _started(service.chat_chunks(body, turn, owner))),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

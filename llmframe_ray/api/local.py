@@ -14,7 +14,7 @@ from llmframe_ray.generate.base import Completion, Message, Provider, StreamEnd
 from llmframe_ray.generate.chain import ProviderParams, provider_chain
 from llmframe_ray.generate.extractive_provider import ExtractiveProvider
 from llmframe_ray.generate.fallback import FallbackProvider
-from llmframe_ray.generate.sessions import SessionParams, SessionStore
+from llmframe_ray.generate.sessions import SessionParams, SessionStore, TokenLedger
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import EmbedderParams, load_embedder
@@ -41,6 +41,7 @@ class LocalStages:
         self.reranker = reranker
         self.provider = provider if provider is not None else FallbackProvider([ExtractiveProvider()])
         self.sessions = sessions if sessions is not None else SessionStore(2000, 1000)
+        self.ledger = TokenLedger()
         self.has_reranker = reranker is not None
         self._lock = asyncio.Lock()  # one model call at a time, as one replica would
 
@@ -85,6 +86,12 @@ class LocalStages:
 
     async def session_append(self, session_id: str, question: str, answer: str) -> None:
         self.sessions.append(session_id, question, answer)
+
+    async def tokens_spent(self, owner: str) -> int:
+        return self.ledger.spent(owner)
+
+    async def charge_tokens(self, owner: str, tokens: int) -> None:
+        self.ledger.charge(owner, tokens)
 
     async def readiness(self) -> dict[str, str]:
         return {"pipeline": "ready"}

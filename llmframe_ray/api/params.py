@@ -64,4 +64,5 @@ class ServiceParams:
     rerank: RerankParams = field(default_factory=RerankParams)
     generation: GenerationParams = field(default_factory=GenerationParams)
     session_token_budget: int = 2000
+    daily_tokens_per_key: int = 0  # generation tokens (in + out) per API key per UTC day; 0: no budget
     rerank_fail_open: bool = True  # a Reranker that is down: answer unreranked, with a warning

@@ -21,6 +21,7 @@ from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
 from llmframe_ray.api.params import ServiceParams
 from llmframe_ray.generate.costs import PriceTable
 from llmframe_ray.generate.prompts import SYSTEM_PROMPT, build_messages, cite
+from llmframe_ray.generate.sessions import seconds_to_utc_midnight
 from llmframe_ray.api.openai_compat import (
     FINISH,
     ChatRequest,
@@ -66,6 +67,14 @@ class StageTimeoutError(StageUnavailableError):
     """A stage of the app did not answer in time (HTTP 504)."""
 
 
+class BudgetExceededError(LLMFrameError):
+    """The caller's key has spent its generation tokens for today (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True)
 class Retrieved:
     version: str
@@ -88,6 +97,10 @@ class Stages(Protocol):
     async def session_history(self, session_id: str) -> list[Message]: ...
 
     async def session_append(self, session_id: str, question: str, answer: str) -> None: ...
+
+    async def tokens_spent(self, owner: str) -> int: ...
+
+    async def charge_tokens(self, owner: str, tokens: int) -> None: ...
 
     async def readiness(self) -> dict[str, str]: ...
 
@@ -165,6 +178,7 @@ class RagService:
 
     async def query(self, request: QueryRequest, owner: str = "") -> QueryResponse:
         """`owner` (a digest of the caller's API key) keys the session with the client's id."""
+        await self._admit(owner)
         ranked = await self.retrieve_for_answer(request)
         session = _session_key(owner, request.session_id)
         history = await self._history(session)
@@ -173,6 +187,7 @@ class RagService:
             build_messages(request.question, ranked.hits, history), SYSTEM_PROMPT,
             self.params.generation.max_tokens, self.params.generation.temperature,
         )
+        await self._charge(owner, completion.usage)
         answer = self._answer(completion.text, completion.usage, completion.model, completion.provider, completion.finish_reason, ranked.hits)
         await self._remember(session, request.question, completion.text)
         return QueryResponse(
@@ -193,6 +208,7 @@ class RagService:
 
     async def answer_events(self, request: QueryRequest, ranked: Ranked, owner: str = "") -> AsyncIterator[tuple[str, dict]]:
         """Server-Sent Event payloads: `delta` {text}..., `citations`, then `done`."""
+        await self._admit(owner)
         session = _session_key(owner, request.session_id)
         history = await self._history(session)
         messages = build_messages(request.question, ranked.hits, history)
@@ -206,6 +222,7 @@ class RagService:
                 yield "delta", {"text": item}
                 continue
             text = "".join(parts)
+            await self._charge(owner, item.usage)
             answer = self._answer(text, item.usage, item.model, item.provider, item.finish_reason, ranked.hits)
             await self._remember(session, request.question, text)
             yield "citations", {"cited": answer.cited, "citations": [c.model_dump() for c in answer.citations]}
@@ -221,8 +238,9 @@ class RagService:
                 "timings_ms": _with_total({**ranked.timings_ms, "generate": _ms(start)}),
             }
 
-    async def chat_turn(self, request: ChatRequest) -> ChatTurn:
+    async def chat_turn(self, request: ChatRequest, owner: str = "") -> ChatTurn:
         """Question, history, system prompt and passages of a chat request (errors before any byte)."""
+        await self._admit(owner)
         try:
             question, history, extra = chat_turn(request, self.params.session_token_budget)
         except ChatTurnError as exc:
@@ -235,14 +253,15 @@ class RagService:
         temperature = self.params.generation.temperature if request.temperature is None else request.temperature
         return ChatTurn(build_messages(question, ranked.hits, history), system, max_tokens, temperature, ranked)
 
-    async def chat(self, request: ChatRequest) -> dict[str, Any]:
-        turn = await self.chat_turn(request)
+    async def chat(self, request: ChatRequest, owner: str = "") -> dict[str, Any]:
+        turn = await self.chat_turn(request, owner)
         start = time.perf_counter()
         c = await self.stages.generate(turn.messages, turn.system, turn.max_tokens, turn.temperature)
+        await self._charge(owner, c.usage)
         answer = self._answer(c.text, c.usage, c.model, c.provider, c.finish_reason, turn.ranked.hits)
         return completion_body(new_id(), answer, self._meta(turn.ranked, start))
 
-    async def chat_chunks(self, request: ChatRequest, turn: ChatTurn) -> AsyncIterator[dict[str, Any]]:
+    async def chat_chunks(self, request: ChatRequest, turn: ChatTurn, owner: str = "") -> AsyncIterator[dict[str, Any]]:
         """`chat.completion.chunk` bodies: the role, the text deltas, the finish (with the
         citations), and the usage when the client asked for it."""
         chat_id, start, parts = new_id(), time.perf_counter(), []
@@ -254,6 +273,7 @@ class RagService:
                 parts.append(item)
                 yield chunk_body(chat_id, STREAM_MODEL, {"content": item})
                 continue
+            await self._charge(owner, item.usage)
             answer = self._answer("".join(parts), item.usage, item.model, item.provider, item.finish_reason, turn.ranked.hits)
             finish = FINISH.get(answer.finish_reason, answer.finish_reason)
             yield chunk_body(chat_id, answer.model, {}, finish, **extras(answer, self._meta(turn.ranked, start)))
@@ -274,6 +294,20 @@ class RagService:
             input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
             cost_usd=self.prices.cost(model, usage),
         ))
+
+    async def _admit(self, owner: str) -> None:
+        """Refuse a generation when the caller's key has spent LLMFRAME_DAILY_TOKENS_PER_KEY."""
+        budget = self.params.daily_tokens_per_key
+        if budget and owner and await self.stages.tokens_spent(owner) >= budget:
+            raise BudgetExceededError(
+                f"this API key has used its {budget} generation tokens for today "
+                "(LLMFRAME_DAILY_TOKENS_PER_KEY); the count restarts at 00:00 UTC",
+                seconds_to_utc_midnight(time.time()),
+            )
+
+    async def _charge(self, owner: str, usage: Usage) -> None:
+        if self.params.daily_tokens_per_key and owner:
+            await self.stages.charge_tokens(owner, usage.input_tokens + usage.output_tokens)
 
     async def _history(self, session_id: str | None) -> list[Message]:
         return [] if session_id is None else await self.stages.session_history(session_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -87,3 +88,29 @@ class SessionStore:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+def seconds_to_utc_midnight(now: float) -> int:
+    return max(1, 86400 - int(now) % 86400)
+
+
+class TokenLedger:
+    """Generation tokens (input + output) spent per API key on the current UTC day."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._spent: dict[str, tuple[int, int]] = {}  # key -> (UTC day number, tokens)
+        self._lock = threading.Lock()
+
+    def spent(self, key: str) -> int:
+        day, tokens = self._spent.get(key, (-1, 0))
+        return tokens if day == int(self.clock()) // 86400 else 0
+
+    def charge(self, key: str, tokens: int) -> int:
+        """Add `tokens` to today's count of `key`; return the new count."""
+        with self._lock:
+            today = int(self.clock()) // 86400
+            day, spent = self._spent.get(key, (-1, 0))
+            total = (spent if day == today else 0) + max(0, int(tokens))
+            self._spent[key] = (today, total)
+            return total

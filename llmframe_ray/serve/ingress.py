@@ -105,6 +105,12 @@ class ServeStages:
     async def session_append(self, session_id: str, question: str, answer: str) -> None:
         await self._call("sessions", lambda: self.sessions.append.remote(session_id, question, answer))
 
+    async def tokens_spent(self, owner: str) -> int:
+        return await self._call("sessions", lambda: self.sessions.tokens_spent.remote(owner))
+
+    async def charge_tokens(self, owner: str, tokens: int) -> None:
+        await self._call("sessions", lambda: self.sessions.charge_tokens.remote(owner, tokens))
+
     async def readiness(self) -> dict[str, str]:
         async def probe(handle: Any) -> str:
             if isinstance(handle, RetrieverCore):

@@ -253,3 +253,35 @@ def test_a_request_without_an_answer_by_the_deadline_is_cancelled_and_504():
         "message": "no answer within 0.05 s (LLMFRAME_REQUEST_TIMEOUT_S); the request was cancelled"}})
     assert cancelled == [True]
     assert call_asgi(Deadline(fast, 0.05), "/v1/query", receive) == (200, b"ok")
+
+
+def test_the_token_ledger_counts_per_key_per_utc_day():
+    from llmframe_ray.generate.sessions import TokenLedger, seconds_to_utc_midnight
+
+    clock = Clock()
+    clock.now = 86400 * 20000 + 86000  # 400 s before midnight UTC
+    ledger = TokenLedger(clock=clock)
+    assert ledger.charge("a", 100) == 100 and ledger.charge("a", 20) == 120 and ledger.spent("b") == 0
+    assert seconds_to_utc_midnight(clock.now) == 400
+    clock.now += 400  # a new day
+    assert ledger.spent("a") == 0 and ledger.charge("a", 5) == 5
+
+
+def test_a_key_over_its_daily_token_budget_gets_429_until_midnight(index, embedder):
+    provider = Recording()  # 10 input + 3 output tokens per answer
+    with TestClient(app_for(index, embedder, provider=provider, daily_tokens_per_key=30)) as c:
+        ask = {"question": "What drives the tides?"}
+        assert [c.post("/v1/query", headers={"X-API-Key": TENANT}, json=ask).status_code for _ in range(3)] == [200] * 3
+        over = c.post("/v1/query", headers={"X-API-Key": TENANT}, json=ask)
+        assert over.status_code == 429 and 1 <= int(over.headers["retry-after"]) <= 86400
+        assert over.json() == {"error": {
+            "type": "budget_exceeded", "field": None,
+            "message": "this API key has used its 30 generation tokens for today (LLMFRAME_DAILY_TOKENS_PER_KEY); "
+                       "the count restarts at 00:00 UTC",
+        }}
+        stream = c.post("/v1/query", headers={"X-API-Key": TENANT}, json={**ask, "stream": True})
+        chat = c.post("/v1/chat/completions", headers={"X-API-Key": TENANT}, json={"messages": [{"role": "user", "content": "tides?"}]})
+        assert (stream.status_code, chat.status_code) == (429, 429)
+        assert c.post("/v1/search", headers={"X-API-Key": TENANT}, json={"query": "tides"}).status_code == 200  # search is free
+        assert c.post("/v1/query", headers={"X-API-Key": OTHER}, json=ask).status_code == 200  # another key's budget
+    assert len(provider.max_tokens) == 4  # refused generations never reached the provider
