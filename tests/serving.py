@@ -14,6 +14,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def running_replicas(deployment: str, app: str = "llmframe") -> int:
+    """Replicas of `deployment` that Serve reports RUNNING."""
+    from ray import serve
+
+    status = serve.status().applications[app].deployments[deployment]
+    return sum(n for state, n in status.replica_states.items() if str(getattr(state, "value", state)) == "RUNNING")
+
+
 @contextlib.contextmanager
 def running_app(
     index_dir: Path, overrides: dict[str, Any], *, reranker: bool = False, local: bool = False, **fields: Any

@@ -3,7 +3,6 @@ Serve autoscaler adds Reranker replicas, and removes them once the load stops.""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -14,6 +13,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.types import Document
+from tests.serving import free_port, running_replicas
 
 ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
@@ -28,17 +28,6 @@ AUTOSCALING = {
     "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1,
     "metrics_interval_s": 0.5, "look_back_period_s": 2, "upscale_delay_s": 1, "downscale_delay_s": 4,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def running_replicas(deployment: str) -> int:
-    status = serve.status().applications["llmframe"].deployments[deployment]
-    return sum(n for state, n in status.replica_states.items() if str(getattr(state, "value", state)) == "RUNNING")
 
 
 def wait_until(predicate, timeout: float, what: str, seen: list) -> None:

@@ -13,7 +13,6 @@ asserted."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -25,6 +24,7 @@ from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.types import Document
 from tests.fakes.vendors import FakeOpenAI, Trickle
+from tests.serving import free_port, running_replicas as running
 
 ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
@@ -38,17 +38,6 @@ DOCS = [
     for i, topic in enumerate(["tides", "bread", "lava", "glaciers", "coffee", "bees", "chess", "rust", "sleep", "tea"])
 ]
 HEAD = {"resources": {"head": 0.01}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def running(deployment: str) -> int:
-    status = serve.status().applications["llmframe"].deployments[deployment]
-    return sum(n for state, n in status.replica_states.items() if str(getattr(state, "value", state)) == "RUNNING")
 
 
 def wait_until(predicate, timeout: float, what: str) -> float:
