@@ -38,7 +38,7 @@ def index_build(
 
     params = _settings().params()
     skipped: list = []
-    documents = list(iter_documents(sources, errors=skipped))
+    documents = list(iter_documents(sources, errors=skipped, max_bytes=params.ingest.max_file_bytes))
     for error in skipped:
         typer.echo(f"skipped {error}", err=True)
     if not documents:

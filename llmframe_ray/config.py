@@ -28,6 +28,7 @@ from llmframe_ray.generate.sessions import SessionParams
 from llmframe_ray.index.dense import DenseIndexKind, DenseParams
 from llmframe_ray.index.params import ChunkingParams, IndexParams
 from llmframe_ray.index.sparse import SparseParams
+from llmframe_ray.ingest.readers import DEFAULT_MAX_FILE_BYTES
 from llmframe_ray.models.cross_encoder import Precision
 from llmframe_ray.models.embedder import EmbedderParams, EmbeddingProvider, OpenAIEmbeddingParams
 from llmframe_ray.models.runtime import available_threads
@@ -140,6 +141,8 @@ class Settings(BaseSettings):
     ingest_batch_size: int = Field(256, ge=1, le=65536, validation_alias=_env("INGEST_BATCH_SIZE"))
     ingest_cpus_per_actor: int = Field(2, ge=1, le=256, validation_alias=_env("INGEST_CPUS_PER_ACTOR"))
     ingest_embed_actors: int | None = Field(None, ge=1, le=1024, validation_alias=_env("INGEST_EMBED_ACTORS"))
+    # a document file over this many bytes is refused unread (JSON Lines corpora: no limit)
+    max_file_bytes: int = Field(DEFAULT_MAX_FILE_BYTES, ge=1, validation_alias=_env("MAX_FILE_BYTES"))
     index_retention: int = Field(3, ge=1, le=1000, validation_alias=_env("INDEX_RETENTION"))
 
     # Serving (Ray Serve app, HTTP API)
@@ -159,6 +162,8 @@ class Settings(BaseSettings):
     stage_timeout_s: float = Field(30.0, gt=0, le=3600, validation_alias=_env("STAGE_TIMEOUT_S"))
     # generation tokens (input + output) per API key per UTC day (0: no budget); over it: 429
     daily_tokens_per_key: int = Field(0, ge=0, le=10**12, validation_alias=_env("DAILY_TOKENS_PER_KEY"))
+    # Ingress replicas that split the per-key limits (default: the app's Ingress options)
+    key_limit_replicas: int | None = Field(None, ge=1, le=10_000, validation_alias=_env("KEY_LIMIT_REPLICAS"))
     max_concurrent_per_key: int = Field(0, ge=0, le=1_000_000, validation_alias=_env("MAX_CONCURRENT_PER_KEY"))
     auth_disabled: bool = Field(False, validation_alias=_env("AUTH_DISABLED"))
     max_request_bytes: int = Field(
@@ -184,8 +189,9 @@ class Settings(BaseSettings):
     llm_backoff_max_s: float = Field(8.0, ge=0, le=600, validation_alias=_env("LLM_BACKOFF_MAX_S"))
     llm_circuit_failures: int = Field(3, ge=1, le=100, validation_alias=_env("LLM_CIRCUIT_FAILURES"))
     llm_circuit_cooldown_s: float = Field(30.0, ge=0, le=3600, validation_alias=_env("LLM_CIRCUIT_COOLDOWN_S"))
-    # a whole generation call, retries and fall-through included (0: no deadline)
-    llm_deadline_s: float = Field(90.0, ge=0, le=3600, validation_alias=_env("LLM_DEADLINE_S"))
+    # a whole generation call, retries and fall-through included (0: no deadline); below
+    # REQUEST_TIMEOUT_S, so that the extractive answerer still answers within the request's time
+    llm_deadline_s: float = Field(45.0, ge=0, le=3600, validation_alias=_env("LLM_DEADLINE_S"))
     llm_max_tokens: int = Field(1024, ge=1, le=65536, validation_alias=_env("LLM_MAX_TOKENS"))
     llm_temperature: float = Field(0.0, ge=0, le=2, validation_alias=_env("LLM_TEMPERATURE"))
     # USD per million tokens, input and output, by model: JSON {"model": [in, out], ...}
@@ -327,7 +333,7 @@ class Settings(BaseSettings):
             ingest=IngestParams(
                 batch_size=self.ingest_batch_size, cpus_per_actor=self.ingest_cpus_per_actor,
                 embed_actors=self.ingest_embed_actors, retention=self.index_retention,
-                local_cpus=self.threads,
+                local_cpus=self.threads, max_file_bytes=self.max_file_bytes,
             ),
             index_watch_interval_s=self.index_watch_interval_s,
             indexes_dir=self.indexes_dir,
@@ -343,6 +349,7 @@ class IngestParams:
     embed_actors: int | None = None
     retention: int = 3
     local_cpus: int = 1  # CPUs of the local Ray started when RAY_ADDRESS is not set
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # a document file over this is refused unread
 
 
 @dataclass(frozen=True)

@@ -89,3 +89,12 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     return None
+
+
+def first_headers(scope: Mapping[str, Any]) -> dict[str, str]:
+    """An ASGI request's headers by lower-case name, the first of repeated ones (as Starlette's
+    `request.headers.get` reads them), for middleware that runs before the app."""
+    out: dict[str, str] = {}
+    for name, value in scope.get("headers") or []:
+        out.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return out

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as FrameworkHTTPError
 
 from llmframe_ray.errors import IndexLoadError, LLMFrameError
 from llmframe_ray.generate.base import ProviderError
-from llmframe_ray.api.auth import ApiKeys, key_owner, presented_key
+from llmframe_ray.api.auth import ApiKeys, first_headers, key_owner, presented_key
 from llmframe_ray.api.limits import KeyLimiter, LimitExceeded, LimitRequests
 from llmframe_ray.api.openai_compat import ChatRequest
 from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
@@ -92,8 +92,7 @@ class BodyLimit:
             return
         headers = dict(scope.get("headers") or [])
         if self.keys is not None and scope.get("path", "").startswith("/v1/"):
-            named = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers.items()}
-            if not self.keys.allows(presented_key(named)):
+            if not self.keys.allows(presented_key(first_headers(scope))):
                 await _unauthorized()(scope, receive, send)
                 return
         length = headers.get(b"content-length")
@@ -155,18 +154,21 @@ class Deadline:
         waiter = asyncio.ensure_future(started.wait())
         try:
             await asyncio.wait({task, waiter}, timeout=self.seconds, return_when=asyncio.FIRST_COMPLETED)
+            if not started.is_set() and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await error_response(
+                    504, "request_timeout",
+                    f"no answer within {self.seconds:g} s (LLMFRAME_REQUEST_TIMEOUT_S); the request was cancelled",
+                )(scope, receive, send)
+                return
+            await task
+        except BaseException:  # this request was cancelled (the client went away): so is its work
+            task.cancel()
+            raise
         finally:
             waiter.cancel()
-        if not started.is_set() and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await error_response(
-                504, "request_timeout",
-                f"no answer within {self.seconds:g} s (LLMFRAME_REQUEST_TIMEOUT_S); the request was cancelled",
-            )(scope, receive, send)
-            return
-        await task
 
 
 def _field_of(loc: tuple) -> str:

@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any, Callable
 
-from llmframe_ray.api.auth import ApiKeys, key_owner, presented_key
+from llmframe_ray.api.auth import ApiKeys, first_headers, key_owner, presented_key
 from llmframe_ray.api.params import KeyLimits
 
 
@@ -82,12 +82,11 @@ class LimitRequests:
         if scope["type"] != "http" or not scope.get("path", "").startswith("/v1/"):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
-        presented = presented_key(headers)
+        presented = presented_key(first_headers(scope))
         if not self.keys.allows(presented):
             await self.app(scope, receive, send)
             return
-        owner = key_owner(presented)
+        owner = key_owner(None if self.keys.disabled else presented)  # no auth: one shared budget
         try:
             self.limiter.acquire(owner)
         except LimitExceeded as exc:

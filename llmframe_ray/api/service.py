@@ -21,7 +21,7 @@ from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
 from llmframe_ray.api.params import ServiceParams
 from llmframe_ray.generate.costs import PriceTable
 from llmframe_ray.generate.prompts import SYSTEM_PROMPT, build_messages, cite
-from llmframe_ray.generate.sessions import seconds_to_utc_midnight
+from llmframe_ray.generate.sessions import estimate_tokens, seconds_to_utc_midnight
 from llmframe_ray.api.openai_compat import (
     FINISH,
     ChatRequest,
@@ -214,15 +214,15 @@ class RagService:
         messages = build_messages(request.question, ranked.hits, history)
         start = time.perf_counter()
         parts: list[str] = []
-        async for item in self.stages.generate_stream(
+        stream = self.stages.generate_stream(
             messages, SYSTEM_PROMPT, self.params.generation.max_tokens, self.params.generation.temperature
-        ):
+        )
+        async for item in self._metered(owner, SYSTEM_PROMPT, messages, parts, stream):
             if isinstance(item, str):
                 parts.append(item)
                 yield "delta", {"text": item}
                 continue
             text = "".join(parts)
-            await self._charge(owner, item.usage)
             answer = self._answer(text, item.usage, item.model, item.provider, item.finish_reason, ranked.hits)
             await self._remember(session, request.question, text)
             yield "citations", {"cited": answer.cited, "citations": [c.model_dump() for c in answer.citations]}
@@ -265,7 +265,10 @@ class RagService:
         """`chat.completion.chunk` bodies: the role, the text deltas, the finish (with the
         citations), and the usage when the client asked for it."""
         chat_id, start, parts = new_id(), time.perf_counter(), []
-        stream = self.stages.generate_stream(turn.messages, turn.system, turn.max_tokens, turn.temperature)
+        stream = self._metered(
+            owner, turn.system, turn.messages, parts,
+            self.stages.generate_stream(turn.messages, turn.system, turn.max_tokens, turn.temperature),
+        )
         first = await anext(stream)  # the provider answered before the first chunk goes out
         yield chunk_body(chat_id, STREAM_MODEL, {"role": "assistant", "content": ""})
         async for item in prepend(first, stream):
@@ -273,7 +276,6 @@ class RagService:
                 parts.append(item)
                 yield chunk_body(chat_id, STREAM_MODEL, {"content": item})
                 continue
-            await self._charge(owner, item.usage)
             answer = self._answer("".join(parts), item.usage, item.model, item.provider, item.finish_reason, turn.ranked.hits)
             finish = FINISH.get(answer.finish_reason, answer.finish_reason)
             yield chunk_body(chat_id, answer.model, {}, finish, **extras(answer, self._meta(turn.ranked, start)))
@@ -306,8 +308,35 @@ class RagService:
             )
 
     async def _charge(self, owner: str, usage: Usage) -> None:
-        if self.params.daily_tokens_per_key and owner:
-            await self.stages.charge_tokens(owner, usage.input_tokens + usage.output_tokens)
+        await self._charge_tokens(owner, usage.input_tokens + usage.output_tokens)
+
+    async def _charge_tokens(self, owner: str, tokens: int) -> None:
+        """Count tokens against the key's budget; a failure to count never fails the answer."""
+        if not (self.params.daily_tokens_per_key and owner):
+            return
+        try:
+            await self.stages.charge_tokens(owner, tokens)
+        except Exception as exc:  # noqa: BLE001 - the answer was produced (and billed) already
+            logger.warning("could not count %d tokens against a key's budget: %s", tokens, exc)
+
+    async def _metered(
+        self, owner: str, system: str, messages: list[Message], parts: list[str], stream: AsyncIterator[str | StreamEnd]
+    ) -> AsyncIterator[str | StreamEnd]:
+        """`stream`, with its tokens counted against the key's budget: the provider's usage at
+        its end; when it ends early (the client left, the stream broke), an estimate from the
+        prompt and the text produced so far (`parts`, which the caller fills)."""
+        received = counted = False
+        try:
+            async for item in stream:
+                received = True
+                if isinstance(item, StreamEnd):
+                    counted = True
+                    await self._charge(owner, item.usage)
+                yield item
+        finally:
+            if received and not counted:
+                prompt = system + "".join(m.content for m in messages)
+                await self._charge_tokens(owner, estimate_tokens(prompt) + estimate_tokens("".join(parts)))
 
     async def _history(self, session_id: str | None) -> list[Message]:
         return [] if session_id is None else await self.stages.session_history(session_id)

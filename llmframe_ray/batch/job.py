@@ -99,7 +99,7 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
     result = IngestResult(directory.root, None, None)
     clock = time.perf_counter()
 
-    rows = _read_and_chunk(files, n_shards, params.embedder, params.index) if files else None
+    rows = _read_and_chunk(files, n_shards, params.embedder, params.index, params.ingest.max_file_bytes) if files else None
     meta = _collect_meta(rows) if rows is not None else []
     incoming, fresh_chunks, skipped = _dedupe(meta)
     result.skipped = skipped
@@ -200,7 +200,7 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
     return result
 
 
-def _read_and_chunk(files, n_shards: int, embedder: EmbedderParams, index: IndexParams):
+def _read_and_chunk(files, n_shards: int, embedder: EmbedderParams, index: IndexParams, max_file_bytes: int):
     import ray
 
     from llmframe_ray.batch.stages import ChunkDocuments, read_file
@@ -209,7 +209,7 @@ def _read_and_chunk(files, n_shards: int, embedder: EmbedderParams, index: Index
     items = [{"file_no": i, "path": str(path), "doc_id": doc_id} for i, (path, doc_id) in enumerate(files)]
     ds = ray.data.from_items(items, override_num_blocks=min(len(items), 4 * cpus))
     # half a CPU each, so that read tasks can run beside the chunking actors even on one CPU
-    ds = ds.flat_map(read_file, num_cpus=0.5)
+    ds = ds.flat_map(read_file, fn_kwargs={"max_bytes": max_file_bytes}, num_cpus=0.5)
     ds = ds.map_batches(
         ChunkDocuments, fn_constructor_args=(replace(embedder, threads=1), index, n_shards), batch_size=64,
         batch_format="numpy", num_cpus=0.5,

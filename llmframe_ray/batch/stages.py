@@ -17,7 +17,7 @@ import numpy as np
 from llmframe_ray.index.params import IndexParams
 from llmframe_ray.models.embedder import EmbedderParams, load_embedder
 from llmframe_ray.errors import DocumentReadError
-from llmframe_ray.ingest.readers import read_file_records
+from llmframe_ray.ingest.readers import DEFAULT_MAX_FILE_BYTES, read_file_records
 from llmframe_ray.batch.plan import (
     chunk_fingerprint, doc_fingerprint, shard_of,
 )
@@ -30,12 +30,12 @@ CHUNK_COLUMNS = (
 )
 
 
-def read_file(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+def read_file(row: Mapping[str, Any], max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> list[dict[str, Any]]:
     """One source file -> its documents (or the reason it cannot be read), one row each."""
     path, file_no = Path(row["path"]), int(row["file_no"])
     out = []
     try:
-        for _, line, item in read_file_records(path, row["doc_id"]):
+        for _, line, item in read_file_records(path, row["doc_id"], max_bytes):
             if isinstance(item, DocumentReadError):
                 out.append(_doc_row(file_no, line, path, "", "", "", item.reason))
             else:

@@ -34,7 +34,7 @@ class ProviderParams:
     backoff_max_s: float = 8.0
     circuit_failures: int = 3
     circuit_cooldown_s: float = 30.0
-    deadline_s: float | None = 90.0  # a whole call: attempts, backoff sleeps and fall-through
+    deadline_s: float | None = 45.0  # a whole call: attempts, backoff sleeps and fall-through
 
 
 def provider_names(params: ProviderParams) -> list[str]:

@@ -9,7 +9,9 @@ last attempt, it moves to the next provider at once. A non-retryable error (Prov
 the request itself is bad) is raised at once, and exceptions that are not ProviderErrors
 propagate unchanged; no other provider is tried for either. A `generate` or `structured` attempt
 that times out is not tried again on the same provider (the vendor may still be producing, and
-billing, that answer): the chain moves to the next provider. `deadline_s` bounds a whole call,
+billing, that answer): the chain moves to the next provider (a stream that times out before its
+first item is retried: nothing was produced yet). An attempt cut short by the call's deadline
+does not count against the provider's breaker. `deadline_s` bounds a whole call,
 retries, sleeps and fall-through included: no attempt outlives it and no sleep runs past it;
 an offline provider (`offline = True`, the extractive answerer) is still tried after it, so a
 chain that ends with one always answers.
@@ -277,7 +279,10 @@ class FallbackProvider:
                 breaker.release(ticket)
                 raise
             if isinstance(result, ProviderError):  # every attempt failed
-                breaker.failed(ticket, self._clock())
+                if getattr(result, "cut_by_deadline", False):
+                    breaker.release(ticket)  # the call ran out of time, which says nothing of the provider
+                else:
+                    breaker.failed(ticket, self._clock())
                 failures.append((provider.name, _describe(result)))
                 continue
             return result, index, ticket
@@ -300,6 +305,7 @@ class FallbackProvider:
                 return result
             except asyncio.TimeoutError:
                 error: ProviderError = ProviderTimeoutError(provider.name, why)
+                error.cut_by_deadline = timeout < self.attempt_timeout_s  # type: ignore[attr-defined]
             except ProviderError as raised:
                 if not raised.retryable and not isinstance(raised, ProviderConfigError):
                     raise

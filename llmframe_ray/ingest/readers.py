@@ -29,10 +29,13 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = tuple(sorted([*_FORMATS, JSONL_SUFFIX]))
 _BINARY_SNIFF_BYTES = 8192
 _BOM = b"\xef\xbb\xbf"
 _GLOB = re.compile(r"[*?\[]")
+# One document file larger than this is refused unread (LLMFRAME_MAX_FILE_BYTES).
+DEFAULT_MAX_FILE_BYTES = 256 * 2**20
 
 
-def read_document(path: str | Path, *, doc_id: str | None = None) -> Document:
-    """Read one file into a Document; `doc_id` defaults to the path as given, in posix form."""
+def read_document(path: str | Path, *, doc_id: str | None = None, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
+    """Read one file into a Document; `doc_id` defaults to the path as given, in posix form. A
+    file over `max_bytes` is refused unread."""
     path = Path(path)
     suffix = path.suffix.lower()
     fmt = _FORMATS.get(suffix)
@@ -41,7 +44,7 @@ def read_document(path: str | Path, *, doc_id: str | None = None) -> Document:
             raise DocumentReadError(path, "a .jsonl file holds many documents; use read_jsonl")
         supported = ", ".join(sorted(_FORMATS))
         raise DocumentReadError(path, f"unsupported file type {suffix!r}; supported: {supported}")
-    data = _read_bytes(path)
+    data = _read_bytes(path, max_bytes)
     metadata: dict[str, object] = {"format": fmt}
     if fmt == "pdf":
         text, title, pages = _parse_pdf(path, data)
@@ -78,7 +81,8 @@ def read_jsonl(path: str | Path) -> Iterator[Document]:
 
 
 def iter_documents(
-    sources: Iterable[str | Path], *, errors: list[DocumentReadError] | None = None
+    sources: Iterable[str | Path], *, errors: list[DocumentReadError] | None = None,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> Iterator[Document]:
     """Yield the documents of files, folders (recursive) and glob patterns, in a fixed order.
 
@@ -87,10 +91,11 @@ def iter_documents(
     that folder as doc_id; folders and globs keep supported suffixes only and skip hidden names.
     A file reached twice is read once; a doc_id seen twice is an error for the later document.
     With `errors` a list, each DocumentReadError is appended there and the file (or the JSON
-    Lines record) is skipped; with None it is raised.
+    Lines record) is skipped; with None it is raised. A document file over `max_bytes` is an
+    error, unread (a JSON Lines corpus is read line by line and has no such limit).
     """
     files = _resolve_sources(sources)
-    return _iter_files(files, errors)
+    return _iter_files(files, errors, max_bytes)
 
 
 def resolve_sources(sources: Iterable[str | Path]) -> list[tuple[Path, str]]:
@@ -102,13 +107,13 @@ def resolve_sources(sources: Iterable[str | Path]) -> list[tuple[Path, str]]:
     return _resolve_sources(sources)
 
 
-def read_file_records(path: Path, doc_id: str) -> Iterator[_Record]:
+def read_file_records(path: Path, doc_id: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Iterator[_Record]:
     """(path, line number, Document or DocumentReadError) for one resolved file: one record for
     a text/Markdown/HTML/PDF file (line 0), one per non-blank line of a JSON Lines corpus."""
     if path.suffix.lower() == JSONL_SUFFIX:
         return _jsonl_records(path)
     try:
-        return iter([(path, 0, read_document(path, doc_id=doc_id))])
+        return iter([(path, 0, read_document(path, doc_id=doc_id, max_bytes=max_bytes))])
     except DocumentReadError as exc:
         return iter([(path, 0, exc)])
 
@@ -152,11 +157,11 @@ def _walk_folder(root: Path) -> list[tuple[Path, str]]:
 
 
 def _iter_files(
-    files: list[tuple[Path, str]], errors: list[DocumentReadError] | None
+    files: list[tuple[Path, str]], errors: list[DocumentReadError] | None, max_bytes: int
 ) -> Iterator[Document]:
     first_seen: dict[str, str] = {}
     for path, doc_id in files:
-        for item in _unique(read_file_records(path, doc_id), first_seen):
+        for item in _unique(read_file_records(path, doc_id, max_bytes), first_seen):
             if isinstance(item, Document):
                 yield item
             elif errors is None:
@@ -243,24 +248,16 @@ def _jsonl_document(path: Path, number: int, raw: bytes) -> Document | None:
     return Document(str(doc_id), text, title=title, source=str(path), metadata=metadata)
 
 
-# One document file larger than this is refused unread (a JSON Lines corpus is read line by
-# line and has no such limit); LLMFRAME_MAX_FILE_BYTES changes it.
-DEFAULT_MAX_FILE_BYTES = 256 * 2**20
-
-
-def max_file_bytes() -> int:
-    value = os.environ.get("LLMFRAME_MAX_FILE_BYTES", "")
-    return int(value) if value.strip().isdigit() else DEFAULT_MAX_FILE_BYTES
-
-
-def _read_bytes(path: Path) -> bytes:
-    limit = max_file_bytes()
+def _read_bytes(path: Path, limit: int) -> bytes:
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > limit:
                 raise DocumentReadError(path, f"file is {size} bytes; the limit is {limit} (LLMFRAME_MAX_FILE_BYTES)")
-            return handle.read(limit + 1)
+            data = handle.read(limit + 1)
+            if len(data) > limit:
+                raise DocumentReadError(path, f"file grew past the limit of {limit} bytes while it was read (LLMFRAME_MAX_FILE_BYTES)")
+            return data
     except OSError as exc:
         raise DocumentReadError(path, _os_reason(exc)) from None
 

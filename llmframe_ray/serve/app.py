@@ -109,13 +109,22 @@ def local_layout(index_dir: str, cpus: int, **fields: Any) -> AppArgs:
     )
 
 
-def _split_key_limits(service: ServiceParams, ingress: Mapping[str, Any]) -> ServiceParams:
-    """Per-key limits split over the Ingress replicas (api/limits.py); with autoscaling, over
-    its minimum, so the limit holds at the fewest replicas and loosens as more start."""
-    replicas = ingress.get("num_replicas", 1)
-    if not isinstance(replicas, int):  # "auto", or absent with autoscaling_config
-        replicas = int((ingress.get("autoscaling_config") or {}).get("min_replicas", 1) or 1)
-    return replace(service, limits=replace(service.limits, replicas=max(1, replicas)))
+def ingress_replicas(ingress: Mapping[str, Any]) -> int:
+    """The Ingress replicas that the app's own deployment options give: `num_replicas`, or
+    with autoscaling its minimum (so a per-key limit holds at the fewest replicas and loosens as
+    more start); 1 when they say nothing."""
+    replicas = ingress.get("num_replicas")
+    if isinstance(replicas, int):
+        return max(1, replicas)
+    return max(1, int((ingress.get("autoscaling_config") or {}).get("min_replicas", 1) or 1))
+
+
+def _split_key_limits(service: ServiceParams, ingress: Mapping[str, Any], setting: Optional[int]) -> ServiceParams:
+    """Per-key limits split over the Ingress replicas (api/limits.py): LLMFRAME_KEY_LIMIT_REPLICAS,
+    else what the app's deployment options say (options set only in a Serve config file's
+    `deployments:` list are not visible here: such files set the setting)."""
+    replicas = setting if setting is not None else ingress_replicas(ingress)
+    return replace(service, limits=replace(service.limits, replicas=replicas))
 
 
 def build_app(args: AppArgs) -> Application:
@@ -138,7 +147,9 @@ def build_app(args: AppArgs) -> Application:
         rerank = replace(params.rerank, enabled=use_reranker)
         params = replace(params, rerank=rerank, service=replace(params.service, rerank=rerank))
     keys = ApiKeys.from_settings(settings)
-    params = replace(params, service=_split_key_limits(params.service, args.deployment_options.get("Ingress", {})))
+    params = replace(params, service=_split_key_limits(
+        params.service, args.deployment_options.get("Ingress", {}), settings.key_limit_replicas
+    ))
     root = Path(args.index_dir).expanduser().resolve()
     index = IndexDirectory(root)
     current = index.current_version()

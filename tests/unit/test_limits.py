@@ -285,3 +285,76 @@ def test_a_key_over_its_daily_token_budget_gets_429_until_midnight(index, embedd
         assert c.post("/v1/search", headers={"X-API-Key": TENANT}, json={"query": "tides"}).status_code == 200  # search is free
         assert c.post("/v1/query", headers={"X-API-Key": OTHER}, json=ask).status_code == 200  # another key's budget
     assert len(provider.max_tokens) == 4  # refused generations never reached the provider
+
+
+def test_a_cancelled_request_cancels_its_work_and_frees_its_slot():
+    from llmframe_ray.api.http import Deadline
+
+    cancelled, started = [], asyncio.Event()
+
+    async def slow(scope, receive, send):
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    limiter = KeyLimiter(KeyLimits(max_concurrent=1))
+    app = LimitRequests(Deadline(slow, 60), limiter, ApiKeys.configured([MAIN]), reject=_reject)
+    scope = {"type": "http", "method": "POST", "path": "/v1/query", "headers": [(b"x-api-key", MAIN.encode())]}
+
+    async def run():
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            pass
+
+        request = asyncio.create_task(app(scope, receive, send))
+        await started.wait()
+        request.cancel()  # what Serve does when the client goes away
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await asyncio.sleep(0.05)
+        return list(cancelled)  # before the event loop closes (which cancels every task left)
+
+    assert asyncio.run(run()) == [True]
+    assert limiter._in_flight == {}
+
+
+class Breaking(Recording):
+    """Streams a few deltas, then breaks (a vendor cut)."""
+
+    async def stream(self, messages, *, system=None, max_tokens=1024, temperature=0.0):
+        from llmframe_ray.generate.base import ProviderUnavailableError
+
+        for word in ("The", " tides", " rise"):
+            yield word
+        raise ProviderUnavailableError("recording", "connection reset")
+
+
+def test_a_stream_that_ends_early_is_still_counted_against_the_budget(index, embedder):
+    from llmframe_ray.api.auth import key_owner
+
+    settings = load_settings(api_secret_key=MAIN, daily_tokens_per_key=10_000)
+    pipeline = Pipeline.open(index, embedder, settings.params().retrieval)
+    stages = LocalStages(index, pipeline, IndexDirectory(index).current_version(), provider=Breaking())
+    with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
+        body = c.post("/v1/query", headers={"X-API-Key": MAIN}, json={"question": "What drives the tides?", "stream": True}).text
+    assert "event: error" in body
+    assert stages.ledger.spent(key_owner(MAIN)) > 3  # an estimate: the prompt and the three deltas
+
+
+def test_a_failure_to_count_tokens_never_fails_the_answer(index, embedder, caplog):
+    settings = load_settings(api_secret_key=MAIN, daily_tokens_per_key=100)
+    pipeline = Pipeline.open(index, embedder, settings.params().retrieval)
+
+    class CannotCount(LocalStages):
+        async def charge_tokens(self, owner, tokens):
+            raise RuntimeError("sessions replica is down")
+
+    stages = CannotCount(index, pipeline, IndexDirectory(index).current_version(), provider=Recording())
+    with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
+        response = c.post("/v1/query", headers={"X-API-Key": MAIN}, json={"question": "What drives the tides?"})
+    assert response.status_code == 200 and "could not count 13 tokens" in caplog.text

@@ -403,14 +403,15 @@ def test_a_folder_source_never_leads_out_of_the_folder(tmp_path):
 
 
 def test_a_file_over_the_size_limit_is_refused_unread(tmp_path, monkeypatch):
-    from llmframe_ray.errors import DocumentReadError
-    from llmframe_ray.ingest.readers import read_document
+    from llmframe_ray.config import load_settings
 
     path = tmp_path / "big.txt"
     path.write_text("word " * 300)
     monkeypatch.setenv("LLMFRAME_MAX_FILE_BYTES", "1000")
+    limit = load_settings().params().ingest.max_file_bytes
     with pytest.raises(DocumentReadError) as caught:
-        read_document(path)
+        read_document(path, max_bytes=limit)
     assert str(caught.value).endswith("file is 1500 bytes; the limit is 1000 (LLMFRAME_MAX_FILE_BYTES)")
-    monkeypatch.setenv("LLMFRAME_MAX_FILE_BYTES", "1500")
-    assert read_document(path).text.startswith("word word")
+    errors: list = []
+    assert list(iter_documents([tmp_path], errors=errors, max_bytes=limit)) == [] and len(errors) == 1
+    assert read_document(path, max_bytes=1500).text.startswith("word word")
