@@ -27,7 +27,8 @@ run: setup
 	test -s $(KEY_FILE) || (umask 077 && $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > $(KEY_FILE))
 	chmod 600 $(KEY_FILE)
 	@export API_SECRET_KEY="$$(cat $(KEY_FILE))" RAY_SERVE_THROUGHPUT_OPTIMIZED=$${RAY_SERVE_THROUGHPUT_OPTIMIZED:-1} \
-	  RAY_SERVE_ENABLE_HA_PROXY=$${RAY_SERVE_ENABLE_HA_PROXY:-1}; \
+	  RAY_SERVE_ENABLE_HA_PROXY=$${RAY_SERVE_ENABLE_HA_PROXY:-1} \
+	  RAY_SERVE_HAPROXY_MAXCONN=$${RAY_SERVE_HAPROXY_MAXCONN:-$$($(BIN)/python -c "from llmframe_ray.serve.run import haproxy_maxconn; print(haproxy_maxconn())")}; \
 	$(BIN)/serve run deployments/local.yaml & pid=$$!; \
 	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
 	$(BIN)/python scripts/wait_ready.py --pid $$pid --url http://127.0.0.1:8000 --key-file $(KEY_FILE) \

@@ -90,3 +90,14 @@ def test_ingress_replicas_from_the_apps_own_options():
     assert ingress_replicas({"num_replicas": 3}) == 3
     assert ingress_replicas({"autoscaling_config": {"min_replicas": 2, "max_replicas": 8}}) == 2
     assert ingress_replicas({"num_replicas": "auto", "autoscaling_config": {"min_replicas": 4}}) == 4
+
+
+@pytest.mark.parametrize("hard,expected", [(20000, 7960), (4096, 4096), (1_000_000, 65536)])
+def test_haproxy_connections_fit_the_descriptor_limit(monkeypatch, hard, expected):
+    import resource
+
+    from llmframe_ray.serve.run import haproxy_maxconn, serve_speed_settings
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, hard))
+    assert haproxy_maxconn() == expected
+    assert serve_speed_settings(60).get("RAY_SERVE_HAPROXY_MAXCONN", str(expected)) == str(expected)
