@@ -21,14 +21,16 @@ $(STAMP): pyproject.toml
 
 # Ingest the bundled sample corpus with the Ray Data job (incremental: a rerun with nothing new
 # publishes nothing), then serve it (`llmframe-ray serve`, the layout of deployments/local.yaml,
-# with Serve's fast path and HAProxy) and print curl commands once it is ready.
+# with Serve's fast path and HAProxy) and print curl commands once it is ready. The server runs in
+# its own session: Ctrl-C reaches only this recipe, whose trap stops the server in order (a
+# signal to Ray's processes all at once left HAProxy running on port 8000).
 run: setup
 	test -d $(SAMPLE_DIR) || $(BIN)/llmframe-ray index sample $(SAMPLE_DIR)
 	$(BIN)/llmframe-ray ingest $(SAMPLE_DIR) --index $(SAMPLE_INDEX) --shards 2
 	test -s $(KEY_FILE) || (umask 077 && $(BIN)/python -c "import secrets; print(secrets.token_urlsafe(24))" > $(KEY_FILE))
 	chmod 600 $(KEY_FILE)
 	@export API_SECRET_KEY="$$(cat $(KEY_FILE))"; \
-	$(BIN)/llmframe-ray serve --index $(SAMPLE_INDEX) & pid=$$!; \
+	setsid $(BIN)/llmframe-ray serve --index $(SAMPLE_INDEX) & pid=$$!; \
 	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
 	$(BIN)/python scripts/wait_ready.py --pid $$pid --url http://127.0.0.1:8000 --key-file $(KEY_FILE) \
 	  || { kill -TERM $$pid 2>/dev/null; wait $$pid; exit 1; }; \
