@@ -28,6 +28,7 @@ from llmframe_ray.generate.sessions import SessionParams
 from llmframe_ray.index.dense import DenseIndexKind, DenseParams
 from llmframe_ray.index.params import ChunkingParams, IndexParams
 from llmframe_ray.index.sparse import SparseParams
+from llmframe_ray.ingest.params import IngestParams
 from llmframe_ray.ingest.readers import DEFAULT_MAX_FILE_BYTES
 from llmframe_ray.models.cross_encoder import Precision
 from llmframe_ray.models.embedder import EmbedderParams, EmbeddingProvider, OpenAIEmbeddingParams
@@ -338,18 +339,6 @@ class Settings(BaseSettings):
             index_watch_interval_s=self.index_watch_interval_s,
             indexes_dir=self.indexes_dir,
         )
-
-
-@dataclass(frozen=True)
-class IngestParams:
-    """The ingestion job's own knobs (Ray Data batch size and actors, versions kept)."""
-
-    batch_size: int = 256
-    cpus_per_actor: int = 2
-    embed_actors: int | None = None
-    retention: int = 3
-    local_cpus: int = 1  # CPUs of the local Ray started when RAY_ADDRESS is not set
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # a document file over this is refused unread
 
 
 @dataclass(frozen=True)
