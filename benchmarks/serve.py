@@ -6,8 +6,8 @@
         [--plot FILE.png] [--reference-seconds 10]
 
 For every mode and client count (a cell), N asyncio clients send SciFact test queries back to
-back, client c starting at query c*n/N: over HTTP to the served app (httpx, one connection per
-client, key in X-API-Key),
+back, client c starting at query c*n/N: over HTTP to the served app (benchmarks/lean_http.py, one
+keep-alive connection per client, key in X-API-Key),
 and as direct `RagService.search` calls over LocalStages in this process (the path the HTTP app
 runs, without Ray, HTTP or JSON). `hybrid+rerank` asks for rerank: true, so the server reranks
 its default depth (LLMFRAME_RERANKER_DEPTH, 50) of hybrid hits.
@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import functools
 import importlib.metadata
+import json
 import os
 import platform
 import resource
@@ -58,6 +59,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lean_http import Pool  # noqa: E402  (benchmarks/, this script's folder)
 from llmframe_ray.config import load_settings  # noqa: E402
 from llmframe_ray.eval.beir import load_beir  # noqa: E402
 
@@ -97,37 +99,38 @@ def checked(reranked: bool, wanted: bool) -> tuple[str, str]:
 
 
 class Connections:
-    """One HTTP client (one keep-alive connection) per client task: a single httpx pool shared by
-    64+ tasks costs the benchmark process more CPU per request than the server spends on it."""
+    """One keep-alive connection per client task (benchmarks/lean_http.py: httpx would cost the
+    benchmark process, on the server's cores, more CPU per request than the server spends)."""
 
-    def __init__(self) -> None:
-        self.clients: dict[asyncio.Task, httpx.AsyncClient] = {}
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.pools: dict[asyncio.Task, Pool] = {}
 
-    def get(self) -> httpx.AsyncClient:
+    def get(self) -> Pool:
         task = asyncio.current_task()
-        if task not in self.clients:
-            limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-            self.clients[task] = httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits)
-        return self.clients[task]
+        if task not in self.pools:
+            self.pools[task] = Pool(self.url)
+        return self.pools[task]
 
-    async def close(self) -> None:
-        await asyncio.gather(*(client.aclose() for client in self.clients.values()))
-        self.clients.clear()
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
 
 
-def http_sender(connections: Connections, url: str, key: str, top_k: int, mode: str) -> Send:
+def http_sender(connections: Connections, key: str, top_k: int, mode: str) -> Send:
     search_mode, rerank = MODES[mode]
     headers = {"X-API-Key": key}
 
     async def send(query: str) -> tuple[str, str]:
-        body = {"query": query, "top_k": top_k, "mode": search_mode, "rerank": rerank}
+        body = json.dumps({"query": query, "top_k": top_k, "mode": search_mode, "rerank": rerank}).encode()
         try:
-            response = await connections.get().post(f"{url}/v1/search", json=body, headers=headers)
-        except httpx.HTTPError as exc:
+            status, data = await asyncio.wait_for(connections.get().request("/v1/search", headers, body), REQUEST_TIMEOUT_S)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
             return type(exc).__name__, str(exc)[:200]
-        if response.status_code != 200:
-            return str(response.status_code), response.text[:200]
-        return checked(response.json()["reranked"], rerank)
+        if status != 200:
+            return str(status), data[:200].decode("utf-8", "replace")
+        return checked(json.loads(data)["reranked"], rerank)
 
     return send
 
@@ -412,7 +415,7 @@ async def run_side(side: str, sender: Callable[[str], Send], stats: Stats | None
 
 
 async def served_side(args: argparse.Namespace, queries: list[str], cells: list[Cell], meter: CpuMeter) -> None:
-    connections = Connections()
+    connections = Connections(args.url)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:  # for /v1/stats
 
         async def stats() -> dict | None:
@@ -426,11 +429,11 @@ async def served_side(args: argparse.Namespace, queries: list[str], cells: list[
                 return None
             return response.json()
 
-        sender = functools.partial(http_sender, connections, args.url, args.key, args.top_k)
+        sender = functools.partial(http_sender, connections, args.key, args.top_k)
         try:
             await run_side("served", sender, stats, args, queries, cells, meter)
         finally:
-            await connections.close()
+            connections.close()
 
 
 def served_index(args: argparse.Namespace) -> str:

@@ -40,12 +40,14 @@ class ChunkStore:
                 f"chunk store has {len(offsets)} offsets for {len(doc_index)} rows; "
                 "expected one more offset than rows"
             )
-        self._data = data
-        self._offsets = offsets
+        # Plain ndarray views of memory-mapped files: np.memmap's own indexing costs several
+        # times more per call, and a search reads a few rows many times a second.
+        self._data = _plain(data)
+        self._offsets = _plain(offsets)
         self.doc_table = tuple(doc_table)
-        self.doc_index = doc_index
+        self.doc_index = _plain(doc_index)
         self._doc_ids: list[str] | None = None
-        self._doc_objects: np.ndarray | None = None
+        self._doc_strings: np.ndarray | None = None
 
     @classmethod
     def from_chunks(cls, chunks: Sequence[Chunk]) -> ChunkStore:
@@ -84,9 +86,9 @@ class ChunkStore:
 
     def doc_ids_of(self, rows: np.ndarray) -> np.ndarray:
         """The document ids of in-range `rows` as a str array (no per-row range check)."""
-        if self._doc_objects is None:
-            self._doc_objects = np.array(self.doc_table, dtype=object)
-        return self._doc_objects[np.asarray(self.doc_index)[rows]].astype(np.str_)
+        if self._doc_strings is None:
+            self._doc_strings = np.array(self.doc_table, dtype=np.str_)
+        return self._doc_strings[self.doc_index[rows]]
 
     @property
     def doc_ids(self) -> list[str]:
@@ -137,3 +139,8 @@ class ChunkStore:
                 f"{bin_path} has {len(data)} bytes but its offsets end at {int(offsets[-1])}"
             )
         return cls(data, offsets, doc_table, doc_index)
+
+
+def _plain(array: np.ndarray) -> np.ndarray:
+    """`array` as a plain ndarray over the same memory (a memmap's buffer stays mapped)."""
+    return array.view(np.ndarray) if isinstance(array, np.memmap) else array

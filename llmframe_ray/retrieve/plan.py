@@ -24,9 +24,10 @@ from llmframe_ray.retrieve.candidates import (
     Candidates,
     ShardAnswer,
     chunk_codes,
-    codes_of,
+    dense_codes,
     fuse_codes,
     merge_shards,
+    split,
 )
 from llmframe_ray.types import Choice, Chunk, Hit, SearchMode
 
@@ -287,8 +288,11 @@ def _rank(candidates: list[Candidates], level: ResultLevel, depth: int, top_k: i
         ]
     names = [c.ranker for c in candidates]
     weights = _weights(names, fusion)
+    # Everything below works on integer document codes (code order = document id order).
+    docs, _ = dense_codes(np.concatenate([c.doc_ids for c in candidates]))
+    doc_lists = split(docs, [len(c) for c in candidates])
     if level is ResultLevel.CHUNK:
-        heads = [(c.doc_ids[:depth], c.rows[:depth], c.shards[:depth]) for c in candidates]
+        heads = [(d[:depth], c.rows[:depth], c.shards[:depth]) for d, c in zip(doc_lists, candidates)]
         codes, representative = chunk_codes(heads)
         fused = fuse_codes(codes, weights, fusion.rrf_k, len(representative), top_k)
         shards = np.concatenate([h[2] for h in heads])
@@ -299,23 +303,22 @@ def _rank(candidates: list[Candidates], level: ResultLevel, depth: int, top_k: i
             for i, (p, score) in enumerate(zip(where.tolist(), fused.scores.tolist()))
         ]
     # Documents, each represented by its chunk that ranks highest when the chunk lists are fused.
-    firsts = [c.first_per_document(depth) for c in candidates]
-    doc_codes, distinct = codes_of([c.doc_ids[f] for c, f in zip(candidates, firsts)])
-    fused = fuse_codes(doc_codes, weights, fusion.rrf_k, len(distinct), top_k)
-    whole = [(c.doc_ids, c.rows, c.shards) for c in candidates]
+    n_docs = int(docs.max()) + 1
+    firsts = [d[c.first_per_document(depth)] for d, c in zip(doc_lists, candidates)]
+    fused = fuse_codes(firsts, weights, fusion.rrf_k, n_docs, top_k)
+    whole = [(d, c.rows, c.shards) for d, c in zip(doc_lists, candidates)]
     codes, representative = chunk_codes(whole)
     chunks = fuse_codes(codes, weights, fusion.rrf_k, len(representative))
     in_order = representative[chunks.codes]  # positions in the concatenated lists, best fused first
-    docs = np.concatenate([w[0] for w in whole])[in_order]
-    rows = np.concatenate([w[1] for w in whole])[in_order]
-    shards = np.concatenate([w[2] for w in whole])[in_order]
-    first = np.unique(docs, return_index=True)
-    best = dict(zip(first[0].tolist(), first[1].tolist()))
-    items = []
-    for i, (doc, score) in enumerate(zip(distinct[fused.codes].tolist(), fused.scores.tolist())):
-        p = best[doc]
-        items.append(Item(int(shards[p]), int(rows[p]), score, _ranks(names, fused.ranks[:, i])))
-    return items
+    best = np.empty(n_docs, dtype=np.int64)  # per document, its best chunk's position in in_order
+    _, first = dense_codes(docs[in_order])
+    best[docs[in_order[first]]] = first
+    rows = np.concatenate([c.rows for c in candidates])[in_order]
+    shards = np.concatenate([c.shards for c in candidates])[in_order]
+    return [
+        Item(int(shards[p]), int(rows[p]), score, _ranks(names, fused.ranks[:, i]))
+        for i, (p, score) in enumerate(zip(best[fused.codes].tolist(), fused.scores.tolist()))
+    ]
 
 
 def _weights(names: list[str], fusion: FusionParams) -> list[float]:

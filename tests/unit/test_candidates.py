@@ -6,7 +6,15 @@ import random
 import numpy as np
 import pytest
 
-from llmframe_ray.retrieve.candidates import ShardAnswer, chunk_codes, codes_of, fuse_codes, merge_shards
+from llmframe_ray.retrieve.candidates import (
+    ShardAnswer,
+    chunk_codes,
+    codes_of,
+    dense_codes,
+    first_occurrences,
+    fuse_codes,
+    merge_shards,
+)
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
 from llmframe_ray.types import RankedList
 
@@ -39,6 +47,37 @@ def test_merge_matches_the_tuple_sort_on_random_ties():
         expected = sorted(tuples)[:15]
         got = list(zip((-merged.scores).tolist(), merged.doc_ids.tolist(), merged.rows.tolist(), merged.shards.tolist()))
         assert got == expected
+
+
+def test_one_shard_keeps_its_order_which_is_the_tuple_sort():
+    # A shard answers best first with ties by row, and its rows are in document id order.
+    rng = random.Random(3)
+    for _ in range(50):
+        n = rng.randrange(0, 30)
+        rows = np.array(sorted(rng.sample(range(200), n)), dtype=np.int64)
+        docs = np.array([f"d{r // 7:03d}" for r in rows.tolist()], dtype=np.str_)
+        scores = np.array([rng.choice([0.25, 0.5, 0.75]) for _ in range(n)], dtype=np.float32)
+        order = np.lexsort((rows, -scores))
+        merged = merge_shards("bm25", {2: (rows[order], scores[order], docs[order])}, limit=12)
+        expected = sorted((-float(s), str(d), int(r), 2) for r, s, d in zip(rows, scores, docs))[:12]
+        got = list(zip((-merged.scores).tolist(), merged.doc_ids.tolist(), merged.rows.tolist(), merged.shards.tolist()))
+        assert got == expected
+        assert merged.rows.dtype == np.int64 and merged.scores.dtype == np.float64
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_dense_codes_and_first_occurrences_agree_with_np_unique(seed):
+    rng = random.Random(seed)
+    n = rng.randrange(0, 60)
+    for values in (
+        np.array([f"doc-{rng.randrange(15)}" for _ in range(n)], dtype=np.str_),
+        np.array([rng.randrange(15) for _ in range(n)], dtype=np.int64),
+    ):
+        distinct, first, inverse = np.unique(values, return_index=True, return_inverse=True)
+        codes, firsts = dense_codes(values)
+        assert codes.tolist() == inverse.tolist()
+        assert firsts.tolist() == first.tolist()
+        assert first_occurrences(values).tolist() == sorted(first.tolist())
 
 
 @pytest.mark.parametrize("seed", range(20))

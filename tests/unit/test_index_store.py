@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 
 import numpy as np
 import pytest
@@ -63,8 +64,17 @@ def test_store_files_are_concatenated_json_and_offsets(tmp_path):
 def test_store_memory_maps_its_files(tmp_path):
     ChunkStore.from_chunks(CHUNKS).save(tmp_path)
     store = ChunkStore.load(tmp_path, mmap=True)
-    assert isinstance(store.doc_index, np.memmap)
+    assert _mapped(store.doc_index) and _mapped(store._data) and _mapped(store._offsets)
+    assert not _mapped(ChunkStore.load(tmp_path, mmap=False).doc_index)
     assert store.get(2) == CHUNKS[2]
+
+
+def _mapped(array: np.ndarray) -> bool:
+    """Whether the array's memory is a memory-mapped file (its base chain ends in an mmap)."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, mmap.mmap)
 
 
 def test_store_rejects_rows_out_of_range():
