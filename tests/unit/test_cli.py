@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-from llmframe_ray.config import load_settings
-
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, model_dir):

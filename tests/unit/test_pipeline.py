@@ -1,5 +1,3 @@
-import dataclasses
-
 import pytest
 
 from llmframe_ray.config import load_settings
