@@ -24,7 +24,8 @@ under the table. Batch sizes are /v1/stats deltas from after the warm-up to afte
 in-flight request: Retriever requests per batch; Reranker calls per batch / pairs per batch (of
 the replica that answers /v1/stats: approximate with several Ingress replicas).
 
-Also printed: a reference row (the bare encoder, measured first while the server is idle), CPU
+Also printed: a reference row (the bare encoder, measured while the server is idle, first and
+again last; the goals use the better of the two, since the machine's speed drifts), CPU
 ms per successful request by process group of the serving Ray session and of this process, and
 the issue-12 goal ratios; with an in-process hybrid side, an in-process bm25 cell at 1 client
 (the floor's bm25 part).
@@ -504,6 +505,19 @@ def p50_ms(cell: Cell) -> float:
     return float(np.percentile([o.latency * 1e3 for o in cell.outcomes if o.status == OK], 50))
 
 
+def best_reference(found: list[dict[str, float]]) -> dict[str, float] | None:
+    """The model's best showing over the reference measurements (first and last of the run):
+    the machine's speed drifts within minutes, and the goals are stated against the model's
+    speed, so the faster measurement is the stricter reference."""
+    if not found:
+        return None
+    return {
+        "p50_ms": min(f["p50_ms"] for f in found),
+        "one_qps": max(f["one_qps"] for f in found),
+        "batch32_qps": max(f["batch32_qps"] for f in found),
+    }
+
+
 def print_goals(cells: list[Cell], reference: dict[str, float] | None) -> None:
     """The ratios the serving goals are stated in, from this run's cells."""
     lines = []
@@ -617,15 +631,21 @@ def main() -> None:
     print(f"in-process: {local}; reranker {args.reranker}")
     print(f"{len(queries)} SciFact test queries, top_k {args.top_k}, {args.repeats} x {args.seconds:g} s windows "
           f"per cell (req/s: median over windows; p50/p99: all successful requests of the cell)")
-    reference = None
-    if args.reference_seconds > 0:
+    references: list[dict[str, float]] = []
+
+    def measure_reference(when: str) -> None:
+        if args.reference_seconds <= 0:
+            return
         from llmframe_ray.models.embedder import local_model_dir
 
         model_dir = local_model_dir(settings.models_dir)
-        reference = bare_encoder(model_dir, queries, settings.threads, args.reference_seconds)
-        print(f"reference: bare encoder ({model_dir.name}, tokenizers + ONNX Runtime defaults, {settings.threads} "
-              f"threads, server idle): one at a time p50 {reference['p50_ms']:.2f} ms, {reference['one_qps']:.1f} q/s; "
-              f"batches of 32: {reference['batch32_qps']:.1f} q/s")
+        found = bare_encoder(model_dir, queries, settings.threads, args.reference_seconds)
+        print(f"reference ({when}): bare encoder ({model_dir.name}, tokenizers + ONNX Runtime defaults, "
+              f"{settings.threads} threads, server idle): one at a time p50 {found['p50_ms']:.2f} ms, "
+              f"{found['one_qps']:.1f} q/s; batches of 32: {found['batch32_qps']:.1f} q/s")
+        references.append(found)
+
+    measure_reference("first")
     print()
     print(row([name for name, _ in COLUMNS]))
     cells: list[Cell] = []
@@ -644,6 +664,8 @@ def main() -> None:
             asyncio.run(run_side("in-process", sender, None, floor, queries, cells))
         asyncio.run(run_side("in-process", sender, None, local_args, queries, cells))
     print()
+    measure_reference("last")
+    reference = best_reference(references)
     print_errors(cells)
     print_cpu(cells)
     print_goals(cells, reference)
