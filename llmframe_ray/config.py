@@ -161,15 +161,14 @@ class Settings(BaseSettings):
     # a request is answered 504 when its response has not started by then (0: no deadline)
     request_timeout_s: float = Field(60.0, ge=0, le=3600, validation_alias=_env("REQUEST_TIMEOUT_S"))
     stage_timeout_s: float = Field(30.0, gt=0, le=3600, validation_alias=_env("STAGE_TIMEOUT_S"))
+    max_pending_searches: int = Field(128, ge=0, le=1_000_000, validation_alias=_env("MAX_PENDING_SEARCHES"))
     # generation tokens (input + output) per API key per UTC day (0: no budget); over it: 429
     daily_tokens_per_key: int = Field(0, ge=0, le=10**12, validation_alias=_env("DAILY_TOKENS_PER_KEY"))
     # Ingress replicas that split the per-key limits (default: the app's Ingress options)
     key_limit_replicas: int | None = Field(None, ge=1, le=10_000, validation_alias=_env("KEY_LIMIT_REPLICAS"))
     max_concurrent_per_key: int = Field(0, ge=0, le=1_000_000, validation_alias=_env("MAX_CONCURRENT_PER_KEY"))
     auth_disabled: bool = Field(False, validation_alias=_env("AUTH_DISABLED"))
-    max_request_bytes: int = Field(
-        65536, ge=1024, le=64 * 1024 * 1024, validation_alias=_env("MAX_REQUEST_BYTES")
-    )
+    max_request_bytes: int = Field(65536, ge=1024, le=64 * 1024 * 1024, validation_alias=_env("MAX_REQUEST_BYTES"))
     max_query_chars: int = Field(2000, ge=16, le=100_000, validation_alias=_env("MAX_QUERY_CHARS"))
     max_top_k: int = Field(100, ge=1, le=1000, validation_alias=_env("MAX_TOP_K"))
     # serving checks every index file's SHA-256 when it loads a version (sizes are always checked)
@@ -292,7 +291,7 @@ class Settings(BaseSettings):
                     fusion_depth=self.fusion_depth,
                 ),
                 hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe,
-                verify_on_load=self.index_verify_on_load,
+                verify_on_load=self.index_verify_on_load, max_pending=self.max_pending_searches,
             ),
             rerank=rerank,
             reranker_model=RerankerModelParams(

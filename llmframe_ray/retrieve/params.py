@@ -17,6 +17,8 @@ class RetrievalParams:
     hnsw_ef_search: int = 128
     ivf_nprobe: int = 16
     verify_on_load: bool = True  # serving checks every file's SHA-256 before it serves a version
+    # searches waiting or running in one Retriever (a replica) before it answers 503 (0: no limit)
+    max_pending: int = 128
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_mode", SearchMode.from_str(self.default_mode))

@@ -146,7 +146,10 @@ class ServeStages:
         return {"note": "counters of the replica that answered, since it started", **dict(zip(names, values)), "Generator": usage}
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256, max_queued_requests=512)
+# Short queues so that overload is answered with fast 503s instead of answers past the deadline
+# (README "Reliability and security"); deployment files for replicas that mostly wait on other
+# replicas raise them.
+@serve.deployment(ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64, max_queued_requests=128)
 @serve.ingress()
 class Ingress:
     async def __init__(

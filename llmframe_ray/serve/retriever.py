@@ -29,7 +29,7 @@ import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from llmframe_ray.api.service import Retrieved
+from llmframe_ray.api.service import Retrieved, StageUnavailableError
 from llmframe_ray.errors import IndexLoadError, ModelError
 from llmframe_ray.index.params import check_model
 from llmframe_ray.index.versions import IndexDirectory
@@ -107,6 +107,8 @@ class RetrieverCore:
         self.encoder: DeploymentHandle | None = None if isinstance(args.encoder, EmbedderParams) else args.encoder
         self.embedder: Any = None
         self.stats = BatchStats()
+        self.pending = 0  # searches waiting for or in a batch
+        self.shed = 0  # searches refused because `pending` was at the limit
         self.problem: str | None = None
         self._failed: str | None = None
         self._switching = asyncio.Lock()
@@ -133,7 +135,19 @@ class RetrieverCore:
         return self
 
     async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
-        result = await self._batch(Ask(check_query_text(query), SearchMode(mode), ResultLevel(level), int(top_k)))
+        ask = Ask(check_query_text(query), SearchMode(mode), ResultLevel(level), int(top_k))
+        limit = self.args.params.max_pending
+        if limit and self.pending >= limit:  # shed load here, fast, instead of queueing past deadlines
+            self.shed += 1
+            raise StageUnavailableError(
+                f"the retriever stage is overloaded ({self.pending} searches waiting or running in this "
+                f"replica, LLMFRAME_MAX_PENDING_SEARCHES={limit}); retry shortly"
+            )
+        self.pending += 1
+        try:
+            result = await self._batch(ask)
+        finally:
+            self.pending -= 1
         if isinstance(result, BaseException):
             raise result
         return result
@@ -291,7 +305,7 @@ class RetrieverCore:
         return {**self.index.describe(self.served.version), "problem": self.problem}
 
     def batch_stats(self) -> dict[str, float]:
-        return self.stats.as_dict()
+        return {**self.stats.as_dict(), "pending": self.pending, "shed": self.shed}
 
     def ready(self) -> str:
         return "ready"

@@ -135,3 +135,35 @@ def test_a_replica_that_starts_after_a_broken_publish_serves_the_newest_version_
         f"; serving {good}, the newest version that loads")
     (result,) = asyncio.run(core._answer(core.served, [retriever.Ask("why iron rusts", SearchMode.HYBRID, ResultLevel.DOCUMENT, 1)]))
     assert result.version == good and result.hits[0].doc_id == "rust"
+
+
+def test_searches_past_the_pending_limit_are_refused_at_once(tmp_path, model_dir):
+    settings = load_settings(fusion_depth=10, max_pending_searches=2)
+    params = settings.params()
+    root = tmp_path / "index"
+    build_index(DOCS, root, params.index, OnnxEmbedder(model_dir, threads=1))
+
+    async def scenario():
+        args = retriever.RetrieverArgs(params.embedder.with_threads(1), [((0,), None)], str(root), params.retrieval, 0, 1)
+        core = await retriever.RetrieverCore(args).start()
+
+        async def one_at_a_time(ask):  # Serve's batcher needs a replica; a search per call here
+            await asyncio.sleep(0.01)
+            return (await core._answer(core.served, [ask]))[0]
+
+        core._batch = one_at_a_time
+        first = await asyncio.gather(
+            *(core.retrieve(q, SearchMode.BM25, ResultLevel.DOCUMENT, 3) for q in QUERIES), return_exceptions=True
+        )
+        later = await core.retrieve(QUERIES[4], SearchMode.BM25, ResultLevel.DOCUMENT, 3)
+        return first, later, core.batch_stats()
+
+    first, later, stats = asyncio.run(scenario())
+    assert [type(r).__name__ for r in first] == ["Retrieved", "Retrieved"] + ["StageUnavailableError"] * 3
+    assert str(first[2]) == (
+        "the retriever stage is overloaded (2 searches waiting or running in this replica, "
+        "LLMFRAME_MAX_PENDING_SEARCHES=2); retry shortly"
+    )
+    assert [h.doc_id for h in first[1].hits][:1] == ["bees"]
+    assert [h.doc_id for h in later.hits][:1] == ["tea"]  # served again once the two were answered
+    assert (stats["pending"], stats["shed"]) == (0, 3)
