@@ -49,6 +49,10 @@ def _serve_bench():
     return module
 
 
+SHED = ("408", "429", "503", "504")  # statuses that shed load: an answer, not a failure
+ANSWERED = ("200", *SHED)
+
+
 @dataclass
 class Phase:
     name: str
@@ -113,13 +117,13 @@ def describe(phase: Phase, deadline_s: float, memory_mib: float | None) -> str:
     counts = phase.counts
     everything = [s for v in phase.latencies.values() for s in v]
     ok = phase.latencies.get("200", [])
-    shed = sum(counts[c] for c in ("408", "429", "503", "504"))
-    other = sum(n for c, n in counts.items() if c not in ("200", "429", "503", "504"))
+    shed = sum(counts[c] for c in SHED)
+    other = sum(n for c, n in counts.items() if c not in ANSWERED)
     late = sum(1 for s in everything if s > deadline_s)
     offered = f"{phase.offered_per_s:.0f}" if phase.offered_per_s else "closed loop"
     return row([
         phase.name, offered, str(sum(counts.values())), f"{phase.ok_per_s():.1f}",
-        " ".join(f"{c}:{counts[c]}" for c in ("408", "429", "503", "504") if counts[c]) or "0", str(shed),
+        " ".join(f"{c}:{counts[c]}" for c in SHED if counts[c]) or "0", str(shed),
         str(other), f"{statistics.median(ok) * 1e3:.0f}" if ok else "-",
         f"{max(everything):.2f}" if everything else "-", str(late),
         f"{memory_mib:.0f}" if memory_mib is not None else "-",
@@ -148,11 +152,11 @@ async def main_async(args: argparse.Namespace, queries: list[str]) -> int:
         after = await closed_loop(pool, args.key, queries, args.clients, args.measure_seconds, "after")
         print(describe(after, args.deadline_s, memory.peak_bytes / 2**20), flush=True)
     for phase in (before, overload, after):
-        kinds = {c: n for c, n in phase.counts.items() if c not in ("200", "429", "503", "504")}
+        kinds = {c: n for c, n in phase.counts.items() if c not in ANSWERED}
         if kinds:
             print(f"{phase.name}: failed by kind: {dict(sorted(kinds.items()))}")
         everything = [s for v in phase.latencies.values() for s in v]
-        failures += sum(n for c, n in phase.counts.items() if c not in ("200", "429", "503", "504"))
+        failures += sum(n for c, n in phase.counts.items() if c not in ANSWERED)
         failures += sum(1 for s in everything if s > args.deadline_s)
     print(f"connections opened: {pool.opened}; after/capacity throughput: {after.ok_per_s() / capacity:.2f}")
     pool.close()
