@@ -52,6 +52,7 @@ class CrossEncoder:
         batch_size: int = 32,
         threads: int = 1,
         spinning: bool = True,
+        prepacked_dir: Path | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.precision = Precision.from_str(precision)
@@ -74,7 +75,7 @@ class CrossEncoder:
         self.batch_size = batch_size
         self.threads = threads
         self._tokenizer = load_tokenizer(self.model_dir / "tokenizer.json", max_length)
-        self._session = create_session(onnx_path, threads, spinning)
+        self._session = create_session(onnx_path, threads, spinning, prepacked_dir)
         self._input_names = {i.name for i in self._session.get_inputs()}
         self.name = str(self.card.get("name") or self.model_dir.name)
 

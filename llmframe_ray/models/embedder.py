@@ -15,6 +15,7 @@ import numpy as np
 
 from llmframe_ray.errors import EmptyQueryError, ModelError, QueryTooLongError
 from llmframe_ray.models.runtime import (
+    PREPACKED_DIR,
     EncodedBatch,
     available_threads,
     create_session,
@@ -97,6 +98,7 @@ class OnnxEmbedder:
         batch_size: int = 32,
         threads: int = 1,
         spinning: bool = True,
+        prepacked_dir: Path | None = None,
     ) -> None:
         model_dir = Path(model_dir)
         for required in ("model.onnx", "tokenizer.json"):
@@ -115,7 +117,7 @@ class OnnxEmbedder:
 
         self._counter = load_tokenizer(model_dir / "tokenizer.json", None)
         self._tokenizer = load_tokenizer(model_dir / "tokenizer.json", max_length)
-        self._session = create_session(model_dir / "model.onnx", threads, spinning)
+        self._session = create_session(model_dir / "model.onnx", threads, spinning, prepacked_dir)
         self._input_names = {i.name for i in self._session.get_inputs()}
         self.dim = int(self._session.get_outputs()[0].shape[-1])
 
@@ -281,4 +283,5 @@ def load_embedder(params: EmbedderParams) -> Embedder:
         batch_size=params.batch_size,
         threads=available_threads(params.threads),
         spinning=params.spinning,
+        prepacked_dir=Path(params.models_dir) / PREPACKED_DIR,
     )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import platform
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -10,6 +15,8 @@ from typing import Sequence
 import numpy as np
 
 from llmframe_ray.errors import ModelError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,14 +62,20 @@ def available_threads(threads: int | None = None) -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def create_session(model_path: Path, threads: int, spinning: bool = True):
+def create_session(model_path: Path, threads: int, spinning: bool = True, prepacked_dir: Path | None = None):
     """An ONNX Runtime CPU session using `threads` intra-op threads (one inter-op thread).
 
     `spinning`: whether idle pool threads spin-wait between runs (ONNX Runtime's default; only a
     session with 2 or more threads has a pool). Measured on 2 cores: one query through 2 threads
     takes 4.2 ms spinning, 5.5 ms not; but Serve replicas sharing the cores with 2 spinning
     threads each served half the requests of replicas with one thread each (README "Serving
-    benchmark"): LLMFRAME_ORT_SPINNING=false where multi-threaded sessions share cores."""
+    benchmark"): LLMFRAME_ORT_SPINNING=false where multi-threaded sessions share cores.
+
+    `prepacked_dir`: run the model from its optimized copy in this folder, whose weights, already
+    packed for this CPU's kernels, sit in a file that ONNX Runtime maps into memory (made once:
+    `prepacked_model`), so that every process on the machine reads one copy of them instead of
+    packing its own; same outputs, bit for bit. Falls back to the model itself when the copy
+    cannot be made."""
     import onnxruntime as ort
 
     if threads < 1:
@@ -74,10 +87,70 @@ def create_session(model_path: Path, threads: int, spinning: bool = True):
     flag = "1" if spinning else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", flag)
     options.add_session_config_entry("session.inter_op.allow_spinning", flag)
+    path = Path(model_path)
+    if prepacked_dir is not None and path.is_file():
+        path = prepacked_model(path, Path(prepacked_dir))
     try:
-        return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
-        raise ModelError(f"cannot load {model_path}: {exc}") from exc
+        raise ModelError(f"cannot load {path}: {exc}") from exc
+
+
+PREPACKED_DIR = "prepacked"  # under a models folder: copies of models with shared weights
+PREPACKED_MODEL = "model.onnx"
+PREPACKED_WEIGHTS = "weights.bin"
+
+
+def prepacked_model(model_path: Path, cache_dir: Path) -> Path:
+    """The optimized copy of `model_path` with its weights prepacked into an external file,
+    in `cache_dir/<model name>-<key>/`, made on first use. The key covers the model file (path,
+    size, modification time), the ONNX Runtime version and the CPU (the packing depends on its
+    instruction set). Several processes may race to make it: each writes a private folder and
+    renames it into place; the first rename wins. Returns `model_path` itself (with a warning)
+    when the copy cannot be made, e.g. in a read-only folder."""
+    import onnxruntime as ort
+
+    stat = model_path.stat()
+    key = hashlib.sha256(
+        f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{ort.__version__}|{_cpu_signature()}".encode()
+    ).hexdigest()[:16]
+    target = cache_dir / f"{model_path.parent.name}-{model_path.stem}-{key}"
+    if (target / PREPACKED_MODEL).is_file():
+        return target / PREPACKED_MODEL
+    staging = cache_dir / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(staging / PREPACKED_MODEL)
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", PREPACKED_WEIGHTS)
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+        options.log_severity_level = 3  # it warns that the file suits this machine only, which the key ensures
+        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        try:
+            staging.rename(target)
+        except OSError:  # another process put its copy there first
+            if not (target / PREPACKED_MODEL).is_file():
+                raise
+    except Exception as exc:  # noqa: BLE001 - a copy that cannot be made only costs memory
+        logger.warning("serving %s without shared prepacked weights: %s", model_path, exc)
+        return model_path
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target / PREPACKED_MODEL
+
+
+def _cpu_signature() -> str:
+    """The processor's name and instruction-set flags (Linux), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags"))]
+        return "|".join(sorted(set(line.strip() for line in lines)))
+    except OSError:
+        return f"{platform.machine()}|{platform.processor()}"
 
 
 def load_tokenizer(path: Path, max_length: int | None):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from llmframe_ray.errors import ModelError
 from llmframe_ray.models.cross_encoder import CrossEncoder, Precision
-from llmframe_ray.models.runtime import available_threads
+from llmframe_ray.models.runtime import PREPACKED_DIR, available_threads
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DEFAULT_HUB_ONNX_FILE = "onnx/model.onnx"
@@ -142,4 +142,5 @@ def load_reranker(
         batch_size=params.batch_size,
         threads=available_threads(params.threads),
         spinning=params.spinning,
+        prepacked_dir=Path(params.models_dir) / PREPACKED_DIR,
     )

@@ -1,0 +1,84 @@
+"""Sessions that read one shared, memory-mapped copy of a model's prepacked weights
+(models/runtime.py: prepacked_model): the same outputs bit for bit, made once in the cache
+folder (never beside the model), and a plain session when the copy cannot be made."""
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmframe_ray.models import runtime
+from llmframe_ray.models.runtime import PREPACKED_MODEL, PREPACKED_WEIGHTS, create_session, load_tokenizer, pad_encodings
+
+TEXTS = ["what causes tides", "a much longer question about the waggle dance of honey bees and flowers", "x"]
+
+
+@pytest.fixture()
+def model_copy(tmp_path, model_dir) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("model.onnx", "tokenizer.json"):
+        shutil.copyfile(model_dir / name, folder / name)  # a copy: a test changes its times
+    return folder / "model.onnx"
+
+
+def outputs(session, tokenizer_path: Path) -> list[np.ndarray]:
+    tokenizer = load_tokenizer(tokenizer_path, 256)
+    names = {i.name for i in session.get_inputs()}
+    return [session.run(None, pad_encodings(tokenizer.encode_batch([t])).feeds(names))[0] for t in TEXTS]
+
+
+def test_shared_weights_give_the_same_outputs_from_a_mapped_file(model_copy, tmp_path):
+    cache = tmp_path / "prepacked"
+    plain = create_session(model_copy, 1)
+    shared = create_session(model_copy, 1, prepacked_dir=cache)
+    (made,) = sorted(cache.iterdir())
+    assert made.name.startswith("model-model-")  # <model folder>-<file stem>-<key>
+    assert sorted(p.name for p in made.iterdir()) == sorted([PREPACKED_MODEL, PREPACKED_WEIGHTS])
+    assert (made / PREPACKED_WEIGHTS).stat().st_size > model_copy.stat().st_size  # weights plus their packed form
+    tokenizer = model_copy.parent / "tokenizer.json"
+    for a, b in zip(outputs(plain, tokenizer), outputs(shared, tokenizer)):
+        assert np.array_equal(a, b)
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        assert str(made / PREPACKED_WEIGHTS) in maps.read()  # file-backed pages: one copy per machine
+
+    stamp = (made / PREPACKED_WEIGHTS).stat().st_mtime_ns
+    assert runtime.prepacked_model(model_copy, cache) == made / PREPACKED_MODEL  # made once, then reused
+    assert (made / PREPACKED_WEIGHTS).stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in cache.iterdir()) == [made.name]  # no staging folder left
+    assert sorted(p.name for p in model_copy.parent.iterdir()) == ["model.onnx", "tokenizer.json"]
+
+
+def test_a_new_model_file_gets_its_own_copy(model_copy, tmp_path):
+    first = runtime.prepacked_model(model_copy, tmp_path / "prepacked")
+    os.utime(model_copy, ns=(model_copy.stat().st_atime_ns, model_copy.stat().st_mtime_ns + 10**9))
+    second = runtime.prepacked_model(model_copy, tmp_path / "prepacked")
+    assert first != second and first.is_file() and second.is_file()
+
+
+def test_the_first_copy_wins_a_race(model_copy, tmp_path, monkeypatch):
+    real_rename = Path.rename
+
+    def other_process_first(self, target):
+        shutil.copytree(self, target)  # another replica renamed its copy into place just before
+        return real_rename(self, target)  # -> the directory is not empty: OSError
+
+    monkeypatch.setattr(Path, "rename", other_process_first)
+    made = runtime.prepacked_model(model_copy, tmp_path / "prepacked")
+    assert made.name == PREPACKED_MODEL and made.parent.parent == tmp_path / "prepacked"
+    assert [p.name for p in (tmp_path / "prepacked").iterdir()] == [made.parent.name]  # the loser's folder is gone
+
+
+def test_without_a_copy_the_model_itself_is_served(model_copy, tmp_path, monkeypatch, caplog):
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with caplog.at_level(logging.WARNING, logger="llmframe_ray.models.runtime"):
+        session = create_session(model_copy, 1, prepacked_dir=tmp_path / "prepacked")
+    assert session.get_inputs()  # loaded from model.onnx itself
+    assert f"serving {model_copy} without shared prepacked weights: [Errno 13] Permission denied" in caplog.text
+    assert not (tmp_path / "prepacked").exists()
