@@ -89,7 +89,12 @@ def create_session(model_path: Path, threads: int, spinning: bool = True, prepac
     options.add_session_config_entry("session.inter_op.allow_spinning", flag)
     path = Path(model_path)
     if prepacked_dir is not None and path.is_file():
-        path = prepacked_model(path, Path(prepacked_dir))
+        copy = prepacked_model(path, Path(prepacked_dir))
+        if copy != path:
+            try:
+                return ort.InferenceSession(str(copy), options, providers=["CPUExecutionProvider"])
+            except Exception as exc:  # a damaged copy: the model itself still serves
+                logger.warning("cannot load %s (%s); loading %s instead", copy, exc, path)
     try:
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types

@@ -82,3 +82,16 @@ def test_without_a_copy_the_model_itself_is_served(model_copy, tmp_path, monkeyp
     assert session.get_inputs()  # loaded from model.onnx itself
     assert f"serving {model_copy} without shared prepacked weights: [Errno 13] Permission denied" in caplog.text
     assert not (tmp_path / "prepacked").exists()
+
+
+def test_a_damaged_copy_falls_back_to_the_model(model_copy, tmp_path, caplog):
+    cache = tmp_path / "prepacked"
+    made = runtime.prepacked_model(model_copy, cache)
+    weights = made.parent / PREPACKED_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[: 1 << 20])  # truncated, as by a full disk
+    with caplog.at_level(logging.WARNING, logger="llmframe_ray.models.runtime"):
+        session = create_session(model_copy, 1, prepacked_dir=cache)
+    assert f"cannot load {made} (" in caplog.text and f"loading {model_copy} instead" in caplog.text
+    tokenizer = model_copy.parent / "tokenizer.json"
+    for a, b in zip(outputs(session, tokenizer), outputs(create_session(model_copy, 1), tokenizer)):
+        assert np.array_equal(a, b)
