@@ -88,15 +88,19 @@ def create_session(model_path: Path, threads: int, spinning: bool = True, prepac
     options.add_session_config_entry("session.intra_op.allow_spinning", flag)
     options.add_session_config_entry("session.inter_op.allow_spinning", flag)
     path = Path(model_path)
+
+    def load(model: Path):
+        return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
     if prepacked_dir is not None and path.is_file():
         copy = prepacked_model(path, Path(prepacked_dir))
         if copy != path:
             try:
-                return ort.InferenceSession(str(copy), options, providers=["CPUExecutionProvider"])
+                return load(copy)
             except Exception as exc:  # a damaged copy: the model itself still serves
                 logger.warning("cannot load %s (%s); loading %s instead", copy, exc, path)
     try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return load(path)
     except Exception as exc:  # onnxruntime raises its own exception types
         raise ModelError(f"cannot load {path}: {exc}") from exc
 

@@ -169,15 +169,6 @@ def fuse_codes(lists: Sequence[np.ndarray], weights: Sequence[float], k: int, n_
     return Fused(order, scores[order], ranks[:, order])
 
 
-def codes_of(keys: Sequence[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
-    """Integer codes for keys (code order = key order), list by list, and the distinct keys."""
-    if not keys:
-        return [], NO_DOC_IDS
-    joined = np.concatenate(keys)
-    codes, first = dense_codes(joined)
-    return split(codes, [len(k) for k in keys]), joined[first]
-
-
 def split(values: np.ndarray, sizes: Sequence[int]) -> list[np.ndarray]:
     """`values` cut into consecutive pieces of these sizes."""
     bounds = np.cumsum([0, *sizes])

@@ -310,9 +310,10 @@ def _rank(candidates: list[Candidates], level: ResultLevel, depth: int, top_k: i
     codes, representative = chunk_codes(whole)
     chunks = fuse_codes(codes, weights, fusion.rrf_k, len(representative))
     in_order = representative[chunks.codes]  # positions in the concatenated lists, best fused first
+    docs_in_order = docs[in_order]
     best = np.empty(n_docs, dtype=np.int64)  # per document, its best chunk's position in in_order
-    _, first = dense_codes(docs[in_order])
-    best[docs[in_order[first]]] = first
+    _, first = dense_codes(docs_in_order)
+    best[docs_in_order[first]] = first
     rows = np.concatenate([c.rows for c in candidates])[in_order]
     shards = np.concatenate([c.shards for c in candidates])[in_order]
     return [

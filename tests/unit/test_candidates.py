@@ -9,11 +9,11 @@ import pytest
 from llmframe_ray.retrieve.candidates import (
     ShardAnswer,
     chunk_codes,
-    codes_of,
     dense_codes,
     first_occurrences,
     fuse_codes,
     merge_shards,
+    split,
 )
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
 from llmframe_ray.types import RankedList
@@ -90,7 +90,9 @@ def test_fuse_codes_equals_reciprocal_rank_fusion(seed):
     reference = reciprocal_rank_fusion(
         [RankedList(f"r{i}", keys, [1.0] * len(keys)) for i, keys in enumerate(lists)], k=k, weights=weights, limit=10
     )
-    codes, distinct = codes_of([np.array(keys, dtype=np.str_) for keys in lists])
+    joined = np.concatenate([np.array(keys, dtype=np.str_) for keys in lists])
+    all_codes, first = dense_codes(joined)
+    codes, distinct = split(all_codes, [len(keys) for keys in lists]), joined[first]
     fused = fuse_codes(codes, weights, k, len(distinct), limit=10)
     assert distinct[fused.codes].tolist() == [item.key for item in reference]
     assert fused.scores.tolist() == [item.score for item in reference]  # the same sums, bit for bit
