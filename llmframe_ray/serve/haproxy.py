@@ -181,7 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     binary = real_binary()
     config = _config_path(args)
     if config is not None and config.is_file():
-        limits = HaproxyLimits.from_env()
+        try:
+            limits = HaproxyLimits.from_env()
+        except ValueError as exc:  # lands in the HAProxy log Serve keeps, not as a traceback
+            raise SystemExit(f"llmframe-ray-haproxy: {exc}") from None
         files = write_error_files(config.parent, limits)
         with open(f"{config}.lock", "w") as lock:  # the lock Serve holds while it writes the file
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)

@@ -15,6 +15,7 @@ from ray import serve
 from llmframe_ray.batch.session import ray_session
 from llmframe_ray.config import load_settings
 from llmframe_ray.serve.app import AppArgs, build_app
+from llmframe_ray.serve.haproxy import HaproxyLimits
 
 
 def serve_until_stopped(
@@ -71,6 +72,7 @@ def serve_speed_settings(deadline_s: float | None = None) -> dict[str, str]:
         settings["RAY_SERVE_HAPROXY_MAXCONN"] = str(haproxy_maxconn())
         wrapper = haproxy_wrapper()
         if wrapper:  # HAProxy with per-replica limits and a bounded queue (serve/haproxy.py)
+            HaproxyLimits.from_env()  # a bad LLMFRAME_HAPROXY_* value stops here, named, not inside Ray
             settings["RAY_SERVE_HAPROXY_BINARY_PATH"] = wrapper
         if deadline_s:
             settings["RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"] = str(max(1, int(deadline_s)))

