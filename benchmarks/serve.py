@@ -3,7 +3,7 @@
     API_SECRET_KEY=k LLMFRAME_RERANKER_MODEL=DIR .venv/bin/llmframe-ray serve --index INDEX --reranker &
     API_SECRET_KEY=k .venv/bin/python benchmarks/serve.py [--url http://127.0.0.1:8000]
         [--clients 1,8,32,64,128] [--modes hybrid,hybrid+rerank] [--seconds 20] [--repeats 3]
-        [--plot FILE.png] [--reference-seconds 10]
+        [--plot FILE.png] [--reference-seconds 10] [--floor-rounds 1500]
 
 For every mode and client count (a cell), N asyncio clients send SciFact test queries back to
 back, client c starting at query c*n/N: over HTTP to the served app (benchmarks/lean_http.py, one
@@ -28,7 +28,9 @@ Also printed: a reference row (the bare encoder, measured while the server is id
 again last; the goals use the better of the two, since the machine's speed drifts), CPU
 ms per successful request by process group of the serving Ray session and of this process, and
 the issue-12 goal ratios; with an in-process hybrid side, an in-process bm25 cell at 1 client
-(the floor's bm25 part).
+(the floor's bm25 part), and goal 3 measured a second way: `--floor-rounds` rounds, each taking
+one query through the bare encoder, in-process bm25 and in-process hybrid (order rotating), so
+that all three p50s come from the same minutes.
 
 The clients run in this process, on the same cores as the server; the served side runs first
 and the server stays up (idle) while the in-process side runs. BLAS / ONNX thread settings are
@@ -364,9 +366,33 @@ def session_root(raylet: int | None) -> int | None:
 
 
 def bare_encoder(model_dir: Path, queries: list[str], threads: int, seconds: float) -> dict[str, float]:
-    """The model's own speed on these queries: tokenizers + ONNX Runtime on the same model file,
-    ONNX Runtime's default options but `threads` intra-op threads, mean pooling; no project code.
-    One query at a time (p50 ms, queries/s) and in batches of 32 (queries/s)."""
+    """The model's own speed on these queries (see bare_encode_function). One query at a time
+    (p50 ms, queries/s) and in batches of 32 (queries/s)."""
+    encode = bare_encode_function(model_dir, threads)
+
+    for q in queries[:20]:
+        encode([q])
+    latencies: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        encode([queries[i % len(queries)]])
+        latencies.append(time.perf_counter() - t)
+        i += 1
+    one = i / (time.perf_counter() - start)
+    start, done = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        batch = [queries[(done + j) % len(queries)] for j in range(32)]
+        encode(batch)
+        done += 32
+    batched = done / (time.perf_counter() - start)
+    return {"p50_ms": statistics.median(latencies) * 1e3, "one_qps": one, "batch32_qps": batched}
+
+
+def bare_encode_function(model_dir: Path, threads: int) -> Callable[[list[str]], np.ndarray]:
+    """The model alone: tokenizers + ONNX Runtime on the same model file, ONNX Runtime's default
+    options but `threads` intra-op threads, mean pooling; no project code."""
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
@@ -387,24 +413,38 @@ def bare_encoder(model_dir: Path, queries: list[str], threads: int, seconds: flo
         pooled = (hidden * mask[:, :, None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
         return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
 
-    for q in queries[:20]:
-        encode([q])
-    latencies: list[float] = []
-    start = time.perf_counter()
-    i = 0
-    while time.perf_counter() - start < seconds:
-        t = time.perf_counter()
-        encode([queries[i % len(queries)]])
-        latencies.append(time.perf_counter() - t)
-        i += 1
-    one = i / (time.perf_counter() - start)
-    start, done = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
-        batch = [queries[(done + j) % len(queries)] for j in range(32)]
-        encode(batch)
-        done += 32
-    batched = done / (time.perf_counter() - start)
-    return {"p50_ms": statistics.median(latencies) * 1e3, "one_qps": one, "batch32_qps": batched}
+    return encode
+
+
+def interleaved_floor(encode: Callable[[list[str]], np.ndarray], bm25: Send, hybrid: Send, queries: list[str],
+                      rounds: int) -> dict[str, float] | None:
+    """Goal 3's three p50s measured side by side: each round takes one query through the bare
+    encoder, in-process bm25 and in-process hybrid, in an order that rotates every round, so
+    that the machine's drifting speed (20-30% within minutes here) falls on all three alike."""
+    if rounds <= 0:
+        return None
+    latencies: dict[str, list[float]] = {"encode": [], "bm25": [], "hybrid": []}
+
+    async def one(name: str, query: str) -> None:
+        start = time.perf_counter()
+        if name == "encode":
+            encode([query])
+            status = OK
+        else:
+            status, detail = await (bm25 if name == "bm25" else hybrid)(query)
+        if status != OK:
+            raise SystemExit(f"in-process {name} failed during the interleaved measurement: {status} {detail}")
+        latencies[name].append(time.perf_counter() - start)
+
+    async def run() -> None:
+        names = list(latencies)
+        for i in range(rounds):
+            query = queries[i % len(queries)]
+            for k in range(3):
+                await one(names[(i + k) % 3], query)
+
+    asyncio.run(run())
+    return {"rounds": rounds, **{name: statistics.median(values) * 1e3 for name, values in latencies.items()}}
 
 
 async def run_side(side: str, sender: Callable[[str], Send], stats: Stats | None, args: argparse.Namespace,
@@ -518,8 +558,9 @@ def best_reference(found: list[dict[str, float]]) -> dict[str, float] | None:
     }
 
 
-def print_goals(cells: list[Cell], reference: dict[str, float] | None) -> None:
-    """The ratios the serving goals are stated in, from this run's cells."""
+def print_goals(cells: list[Cell], reference: dict[str, float] | None, interleaved: dict[str, float] | None) -> None:
+    """The ratios the serving goals are stated in, from this run's cells (goal 3 also from the
+    interleaved measurement, which the machine's drift does not skew)."""
     lines = []
     served32, served1 = cell_of(cells, "served", "hybrid", 32), cell_of(cells, "served", "hybrid", 1)
     local1, bm25 = cell_of(cells, "in-process", "hybrid", 1), cell_of(cells, "in-process", "bm25", 1)
@@ -533,7 +574,11 @@ def print_goals(cells: list[Cell], reference: dict[str, float] | None) -> None:
     if reference is not None and local1 is not None and bm25 is not None:
         floor = reference["p50_ms"] + p50_ms(bm25)
         lines.append(f"in-process hybrid @1 p50 / (bare encode p50 + in-process bm25 @1 p50): {p50_ms(local1):.2f} / "
-                     f"({reference['p50_ms']:.2f} + {p50_ms(bm25):.2f}) = {p50_ms(local1) / floor:.2f}")
+                     f"({reference['p50_ms']:.2f} + {p50_ms(bm25):.2f}) = {p50_ms(local1) / floor:.2f} (cells measured minutes apart)")
+    if interleaved is not None:
+        i = interleaved
+        lines.append(f"the same, interleaved query by query ({i['rounds']:.0f} rounds): {i['hybrid']:.2f} / "
+                     f"({i['encode']:.2f} + {i['bm25']:.2f}) = {i['hybrid'] / (i['encode'] + i['bm25']):.2f}")
     if lines:
         print("goals (issue 12):")
         for line in lines:
@@ -607,6 +652,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of one window")
     parser.add_argument("--repeats", type=int, default=3, help="windows per cell")
     parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--floor-rounds", type=int, default=1500,
+                        help="rounds of bare encode / in-process bm25 / in-process hybrid, interleaved, for goal 3 (0: skip)")
     parser.add_argument("--reference-seconds", type=float, default=10.0,
                         help="seconds for each of the bare encoder's two measurements (0: skip)")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG of req/s and p50 against clients")
@@ -663,12 +710,21 @@ def main() -> None:
             floor = argparse.Namespace(**{**vars(args), "modes": ["bm25"], "clients": [1]})
             asyncio.run(run_side("in-process", sender, None, floor, queries, cells))
         asyncio.run(run_side("in-process", sender, None, local_args, queries, cells))
+    interleaved = None
+    if not args.skip_inprocess and args.floor_rounds > 0:
+        from llmframe_ray.models.embedder import local_model_dir
+
+        encode = bare_encode_function(local_model_dir(settings.models_dir), settings.threads)
+        for q in queries[:20]:
+            encode([q])
+        interleaved = interleaved_floor(encode, local_sender(service, args.top_k, "bm25"),
+                                  local_sender(service, args.top_k, "hybrid"), queries, args.floor_rounds)
     print()
     measure_reference("last")
     reference = best_reference(references)
     print_errors(cells)
     print_cpu(cells)
-    print_goals(cells, reference)
+    print_goals(cells, reference, interleaved)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak memory (max RSS of this process, clients and in-process app): {peak_mib:.0f} MiB")
     if replicas is not None:

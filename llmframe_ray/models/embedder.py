@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from llmframe_ray.models.runtime import (
 )
 
 SPECIAL_TOKENS = 2  # [CLS] and [SEP]
+_CHECKED_KEPT = 256  # encodings of checked queries kept for tokenize
 
 
 class Embedder(Protocol):
@@ -117,6 +118,9 @@ class OnnxEmbedder:
 
         self._counter = load_tokenizer(model_dir / "tokenizer.json", None)
         self._tokenizer = load_tokenizer(model_dir / "tokenizer.json", max_length)
+        # check_query's encodings, taken by tokenize: a query is tokenized once, not twice (the
+        # untruncated encoding of a text within max_length is the truncating tokenizer's too)
+        self._checked: dict[str, Any] = {}
         self._session = create_session(model_dir / "model.onnx", threads, spinning, prepacked_dir)
         self._input_names = {i.name for i in self._session.get_inputs()}
         self.dim = int(self._session.get_outputs()[0].shape[-1])
@@ -135,14 +139,23 @@ class OnnxEmbedder:
 
     def check_query(self, query: str) -> str:
         stripped = check_query_text(query)
-        n_tokens = self.count_tokens([stripped])[0]
-        if n_tokens > self.max_length:
-            raise QueryTooLongError(n_tokens, self.max_length)
+        encoding = self._counter.encode(stripped)
+        if len(encoding.ids) > self.max_length:
+            raise QueryTooLongError(len(encoding.ids), self.max_length)
+        if len(self._checked) >= _CHECKED_KEPT:  # queries checked here but embedded elsewhere
+            self._checked.clear()
+        self._checked[stripped] = encoding
         return stripped
 
     # tokenize -> run -> pool
     def tokenize(self, texts: Sequence[str]) -> EncodedBatch:
-        return pad_encodings(self._tokenizer.encode_batch(list(texts)))
+        texts = list(texts)
+        found = [self._checked.pop(text, None) for text in texts]
+        missing = [text for text, encoding in zip(texts, found) if encoding is None]
+        if missing:
+            fresh = iter(self._tokenizer.encode_batch(missing))
+            found = [next(fresh) if encoding is None else encoding for encoding in found]
+        return pad_encodings(found)
 
     def run(self, batch: EncodedBatch) -> np.ndarray:
         return self._session.run(None, batch.feeds(self._input_names))[0]

@@ -7,6 +7,7 @@ The Serve Retriever (serve/retriever.py) runs the same plan over batches of requ
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -15,6 +16,7 @@ import numpy as np
 from llmframe_ray.errors import IndexLoadError, ModelError
 from llmframe_ray.index.params import check_model
 from llmframe_ray.index.shard import IndexShard
+from llmframe_ray.index.store import share_document_keys
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import Embedder, check_query_text
@@ -49,7 +51,9 @@ class Pipeline:
             raise ValueError("a pipeline needs at least one index shard")
         self.retrieval = RetrievalParams() if retrieval is None else retrieval
         self.rerank = RerankParams() if rerank is None else rerank
-        self.shards = [self.retrieval.prepare(s) for s in shards]
+        prepared = [self.retrieval.prepare(s) for s in shards]
+        keyed = share_document_keys([s.store for s in prepared])
+        self.shards = [replace(shard, store=store) for shard, store in zip(prepared, keyed)]
         self.embedder = embedder
         self.reranker = reranker
         self.max_chunks_per_doc = max(s.manifest.max_chunks_per_doc for s in self.shards)

@@ -20,15 +20,8 @@ from typing import Any, Generator, Mapping, Protocol, Sequence
 import numpy as np
 
 from llmframe_ray.index.shard import IndexShard
-from llmframe_ray.retrieve.candidates import (
-    Candidates,
-    ShardAnswer,
-    chunk_codes,
-    dense_codes,
-    fuse_codes,
-    merge_shards,
-    split,
-)
+from llmframe_ray.retrieve.candidates import Candidates, ShardAnswer, concat_keys, dense_codes, merge_shards
+from llmframe_ray.retrieve.compiled import fuse_chunks, fuse_documents
 from llmframe_ray.types import Choice, Chunk, Hit, SearchMode
 
 
@@ -170,7 +163,7 @@ def search_shard(shard: IndexShard, ranker: Ranker, inputs: Any, k: int) -> Shar
         per_query = shard.search_sparse_arrays(list(inputs), k)
     else:
         per_query = shard.search_dense_arrays(np.ascontiguousarray(inputs, dtype=np.float32), k)
-    return ShardAnswer.of(per_query, shard.store.doc_ids_of)
+    return ShardAnswer.of(per_query, shard.store.doc_keys_of)
 
 
 @dataclass(frozen=True)
@@ -287,38 +280,17 @@ def _rank(candidates: list[Candidates], level: ResultLevel, depth: int, top_k: i
             for rank, p in enumerate(positions[:top_k].tolist(), 1)
         ]
     names = [c.ranker for c in candidates]
-    weights = _weights(names, fusion)
-    # Everything below works on integer document codes (code order = document id order).
-    docs, _ = dense_codes(np.concatenate([c.doc_ids for c in candidates]))
-    doc_lists = split(docs, [len(c) for c in candidates])
-    if level is ResultLevel.CHUNK:
-        heads = [(d[:depth], c.rows[:depth], c.shards[:depth]) for d, c in zip(doc_lists, candidates)]
-        codes, representative = chunk_codes(heads)
-        fused = fuse_codes(codes, weights, fusion.rrf_k, len(representative), top_k)
-        shards = np.concatenate([h[2] for h in heads])
-        rows = np.concatenate([h[1] for h in heads])
-        where = representative[fused.codes]
-        return [
-            Item(int(shards[p]), int(rows[p]), score, _ranks(names, fused.ranks[:, i]))
-            for i, (p, score) in enumerate(zip(where.tolist(), fused.scores.tolist()))
-        ]
-    # Documents, each represented by its chunk that ranks highest when the chunk lists are fused.
-    n_docs = int(docs.max()) + 1
-    firsts = [d[c.first_per_document(depth)] for d, c in zip(doc_lists, candidates)]
-    fused = fuse_codes(firsts, weights, fusion.rrf_k, n_docs, top_k)
-    whole = [(d, c.rows, c.shards) for d, c in zip(doc_lists, candidates)]
-    codes, representative = chunk_codes(whole)
-    chunks = fuse_codes(codes, weights, fusion.rrf_k, len(representative))
-    in_order = representative[chunks.codes]  # positions in the concatenated lists, best fused first
-    docs_in_order = docs[in_order]
-    best = np.empty(n_docs, dtype=np.int64)  # per document, its best chunk's position in in_order
-    _, first = dense_codes(docs_in_order)
-    best[docs_in_order[first]] = first
-    rows = np.concatenate([c.rows for c in candidates])[in_order]
-    shards = np.concatenate([c.shards for c in candidates])[in_order]
+    weights = np.asarray(_weights(names, fusion), dtype=np.float64)
+    # Integer document codes (code order = document id order), then one compiled call.
+    docs, _ = dense_codes(concat_keys([c.doc_keys for c in candidates]))
+    rows = np.concatenate([c.rows for c in candidates])
+    shards = np.concatenate([c.shards for c in candidates])
+    bounds = np.cumsum([0, *(len(c) for c in candidates)], dtype=np.int64)
+    fuse = fuse_chunks if level is ResultLevel.CHUNK else fuse_documents
+    where, scores, ranks = fuse(docs, rows, shards, bounds, weights, fusion.rrf_k, depth, top_k)
     return [
-        Item(int(shards[p]), int(rows[p]), score, _ranks(names, fused.ranks[:, i]))
-        for i, (p, score) in enumerate(zip(best[fused.codes].tolist(), fused.scores.tolist()))
+        Item(int(shards[p]), int(rows[p]), score, _ranks(names, ranks[:, i]))
+        for i, (p, score) in enumerate(zip(where.tolist(), scores.tolist()))
     ]
 
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Sequence
 
 from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.index.shard import IndexShard
+from llmframe_ray.index.store import share_document_keys
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.retrieve.candidates import ShardAnswer
 from llmframe_ray.retrieve.params import RetrievalParams
@@ -57,6 +59,11 @@ class ShardCache:
         for number in self.shards:
             shard = self.index.load_shard(version, number, verify=self.params.verify_on_load)
             loaded[number] = None if shard is None else self.params.prepare(shard)
+        if set(self.shards) == set(range(int(self.index.version_info(version)["shards"]))):
+            # Holding every shard, this group's answers are merged with no other group's.
+            live = [n for n, shard in loaded.items() if shard is not None]
+            keyed = share_document_keys([loaded[n].store for n in live])
+            loaded.update({n: replace(loaded[n], store=store) for n, store in zip(live, keyed)})
         return loaded
 
     def _remember(self, version: str, loaded: Loaded) -> None:

@@ -126,3 +126,26 @@ def test_openai_embedder_against_local_server():
     assert {r[1] for r in _FakeOpenAI.requests} == {"Bearer sk-local"}
     assert {r[2]["dimensions"] for r in _FakeOpenAI.requests} == {4}
     assert emb.info() == {"name": "text-embedding-3-small", "provider": "openai", "dim": 4, "max_length": 8191}
+
+
+def test_a_checked_query_is_tokenized_once_and_embeds_the_same(embedder):
+    embedder._checked.clear()  # the embedder is shared by the tests of this session
+    queries = [embedder.check_query(t) for t in TEXTS[:3]]  # each checked, as a search does
+    calls = []
+    real = embedder._tokenizer
+
+    class Counting:
+        def encode_batch(self, texts):
+            calls.append(list(texts))
+            return real.encode_batch(texts)
+
+    embedder._tokenizer = Counting()
+    try:
+        checked = embedder.embed(queries + [TEXTS[3]])  # the long text was never checked
+        again = embedder.embed(queries)  # their encodings were taken: tokenized afresh
+    finally:
+        embedder._tokenizer = real
+    assert calls == [[TEXTS[3]], queries]
+    np.testing.assert_array_equal(checked[:3], again)
+    np.testing.assert_allclose(checked, embedder.embed(TEXTS), atol=1e-6)
+    assert embedder._checked == {}

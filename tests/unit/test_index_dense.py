@@ -184,3 +184,21 @@ def test_load_reads_or_applies_search_params(tmp_path, vectors):
     hnsw.save(tmp_path / "hnsw.faiss")
     found = DenseIndex.load(tmp_path / "hnsw.faiss").params
     assert (found.kind, found.hnsw_m, found.hnsw_ef_search) == (DenseIndexKind.HNSW, 12, 20)
+
+
+def test_sort_rows_orders_ties_by_row_and_puts_missing_rows_last():
+    from llmframe_ray.index.dense import _sort_rows
+
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        scores = rng.choice(np.array([0.25, 0.5, 0.75], dtype=np.float32), size=(3, 40))
+        rows = np.stack([rng.permutation(100)[:40] for _ in range(3)]).astype(np.int64)
+        rows[rng.random((3, 40)) < 0.1] = -1  # slots an ANN index left empty
+        # FAISS hands back each query's rows best first; ties and -1 rows in any order
+        order = np.argsort(-scores, axis=1, kind="stable")
+        scores, rows = np.take_along_axis(scores, order, 1), np.take_along_axis(rows, order, 1)
+        got_scores, got_rows = _sort_rows(scores, rows)
+        for q in range(3):
+            want = sorted(zip(np.where(rows[q] < 0, np.inf, -scores[q]).tolist(), rows[q].tolist()))
+            assert list(zip((-got_scores[q]).tolist(), got_rows[q].tolist())) == want
+        assert got_scores.dtype == np.float32 and got_rows.dtype == np.int64

@@ -175,3 +175,22 @@ def test_describe_file(tmp_path):
         "bytes": 3,
         "sha256": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
     }
+
+
+def test_shared_document_keys_sort_like_the_ids_across_stores():
+    from llmframe_ray.index.store import share_document_keys
+
+    first = ChunkStore.from_chunks([Chunk(f"{d}#0", d, 0, "x") for d in ("b", "d", "d10", "d9")])
+    second = ChunkStore.from_chunks([Chunk(f"{d}#{i}", d, i, "x") for d, i in (("a", 0), ("c", 0), ("c", 1), ("d2", 0))])
+    rows = np.arange(4)
+    assert first.doc_keys_of(rows).tolist() == ["b", "d", "d10", "d9"]  # the ids until shared
+    given = first
+    first, second = share_document_keys([first, second])
+    assert given.doc_keys_of(rows).tolist() == ["b", "d", "d10", "d9"]  # the copies have keys
+    assert first.get(1) == given.get(1)
+    keys = {**dict(zip(first.doc_ids_of(rows).tolist(), first.doc_keys_of(rows).tolist())),
+            **dict(zip(second.doc_ids_of(rows).tolist(), second.doc_keys_of(rows).tolist()))}
+    assert sorted(keys, key=keys.get) == sorted(keys)  # "d10" < "d2" < "d9", as strings
+    assert sorted(keys.values()) == list(range(7))
+    assert second.doc_keys_of(np.array([1, 2])).tolist() == [keys["c"], keys["c"]]
+    assert first.doc_keys_of(rows).dtype == np.int64
