@@ -26,6 +26,7 @@ import numpy as np
 import Stemmer
 
 from llmframe_ray.index import atomic
+from llmframe_ray.index.sparse_top import bm25_top
 
 METHODS = ("lucene",)
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
@@ -148,18 +149,6 @@ class Analyzer:
         return cls(stemmer=data["stemmer"], stopwords=data["stopwords"], lower=data["lower"])
 
 
-def _top_positive(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows with a positive score, best first (score desc, then row asc), at most k."""
-    rows = np.flatnonzero(scores > 0)
-    values = scores[rows]
-    if len(rows) > k:
-        kth = np.partition(values, len(values) - k)[len(values) - k]
-        keep = values >= kth  # everything tied with the k-th score stays for the tie-break
-        rows, values = rows[keep], values[keep]
-    order = np.lexsort((rows, -values))[:k]
-    return rows[order].astype(np.int64), values[order]
-
-
 class SparseIndex:
     """BM25 over a list of texts; row i is `texts[i]`."""
 
@@ -240,13 +229,12 @@ class SparseIndex:
         if isinstance(queries, str):
             raise ValueError("queries must be a sequence of strings, not one string")
         k = min(k, len(self))
+        matrix = self._bm25.scores
+        data, indices, indptr = (np.asarray(matrix[key]) for key in ("data", "indices", "indptr"))
         results = []
         for query in queries:
-            ids = self.term_ids(query)
-            if not ids:
-                results.append((np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)))
-                continue
-            results.append(_top_positive(self._bm25.get_scores_from_ids(ids), k))
+            ids = np.asarray(self.term_ids(query), dtype=np.int64)
+            results.append(bm25_top(data, indices, indptr, len(self), ids, k))
         return results
 
     def stats(self) -> CorpusStats:

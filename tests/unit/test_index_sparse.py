@@ -109,6 +109,31 @@ def test_scores_match_the_bm25_formula(k1, b, query):
     assert rows(hits) == [int(i) for i in np.lexsort((np.arange(len(want)), -want)) if want[i] > 0]
 
 
+def bm25s_top(index: SparseIndex, query: str, k: int) -> list[tuple[int, float]]:
+    """The k best rows by bm25s's own float32 scoring of the same matrix, ordered in numpy."""
+    ids = index.term_ids(query)
+    if not ids:
+        return []
+    scores = index._bm25.get_scores_from_ids(ids)
+    rows = np.flatnonzero(scores > 0)
+    order = np.lexsort((rows, -scores[rows]))[:k]
+    return list(zip(rows[order].tolist(), scores[rows][order].tolist()))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_compiled_top_k_equals_bm25s_scores_sorted_in_numpy(seed):
+    # Few words and short texts: many equal scores, so the cut at k falls inside ties.
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(30)]
+    texts = [" ".join(rng.choice(words, size=rng.integers(1, 8))) for _ in range(300)]
+    index = SparseIndex.build(texts, PLAIN)
+    for _ in range(20):
+        query = " ".join(rng.choice(words + ["unseen"], size=rng.integers(1, 6)))
+        for k in (1, 3, 10, 50, 300):
+            [hits] = index.search([query], k)
+            assert hits == bm25s_top(index, query, k), (query, k)
+
+
 def test_stats_expose_counts_lengths_and_document_frequencies(english):
     stats = english.stats()
     assert (stats.n_docs, stats.n_tokens) == (6, 37)

@@ -1,0 +1,128 @@
+"""The int8 prefilter of flat search: exactly FAISS's rows, scores and order, fewer bytes read."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+import pytest
+
+from llmframe_ray.index import prefilter
+from llmframe_ray.index.dense import DenseIndex, DenseParams
+from llmframe_ray.index.prefilter import Int8Prefilter
+
+
+def faiss_reference(vectors: np.ndarray, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every row scored by FAISS's own kernel (the bits IndexFlatIP.search gives), ordered by
+    score descending, then row ascending."""
+    n, d = vectors.shape
+    scores = np.empty(n, dtype=np.float32)
+    query = np.ascontiguousarray(query, dtype=np.float32)
+    faiss.fvec_inner_products_ny(faiss.swig_ptr(scores), faiss.swig_ptr(query), faiss.swig_ptr(vectors), d, n)
+    order = np.lexsort((np.arange(n), -scores))[:k]
+    return scores[order], order.astype(np.int64)
+
+
+def clustered(rng: np.random.Generator, n: int, d: int, scale: float = 1.0) -> np.ndarray:
+    """Unit vectors around 20 centres (close scores near the cut), times `scale`."""
+    centres = rng.standard_normal((20, d))
+    x = centres[rng.integers(0, 20, n)] + 0.35 * rng.standard_normal((n, d))
+    return np.ascontiguousarray((x / np.linalg.norm(x, axis=1, keepdims=True) * scale).astype(np.float32))
+
+
+def counting_rescores(monkeypatch) -> list[int]:
+    counts: list[int] = []
+    original = faiss.fvec_inner_products_by_idx
+
+    def counted(out, query, vectors, ids, d, nx, ny):
+        counts.append(ny)
+        return original(out, query, vectors, ids, d, nx, ny)
+
+    monkeypatch.setattr(prefilter.faiss, "fvec_inner_products_by_idx", counted)
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("scale", [1.0, 37.5])
+def test_top_k_is_faiss_exact_search_bit_for_bit(seed, scale):
+    rng = np.random.default_rng(seed)
+    vectors = clustered(rng, 3000, 48, scale)
+    filt = Int8Prefilter(vectors)
+    queries = np.concatenate([clustered(rng, 6, 48), vectors[rng.integers(0, 3000, 4)]])
+    for query in queries:
+        for k in (1, 7, 100, 401, 750):
+            scores, rows = filt.top_k(query, k)
+            want_scores, want_rows = faiss_reference(vectors, query, k)
+            assert rows.tolist() == want_rows.tolist()
+            assert scores.tobytes() == want_scores.tobytes()
+
+
+def test_ties_at_the_cut_are_taken_by_lower_row():
+    rng = np.random.default_rng(3)
+    base = clustered(rng, 600, 32)
+    # five copies of each vector: every score comes in a group of five equal ones
+    vectors = np.ascontiguousarray(np.repeat(base, 5, axis=0)[rng.permutation(3000)])
+    filt = Int8Prefilter(vectors)
+    for query in clustered(rng, 5, 32):
+        for k in (3, 12, 298):
+            scores, rows = filt.top_k(query, k)
+            want_scores, want_rows = faiss_reference(vectors, query, k)
+            assert rows.tolist() == want_rows.tolist()
+            assert scores.tobytes() == want_scores.tobytes()
+            assert scores[0] == scores[2]  # the best vector's five copies: k = 3 cuts a tie group
+
+
+def test_a_constant_dimension_and_duplicate_rows_are_handled():
+    rng = np.random.default_rng(5)
+    vectors = clustered(rng, 2500, 16)
+    vectors[:, 3] = 0.25  # span 0: step 1, every code 0
+    vectors[100:140] = vectors[99]
+    filt = Int8Prefilter(vectors)
+    for query in [vectors[99], *clustered(rng, 3, 16)]:
+        scores, rows = filt.top_k(query, 50)
+        want_scores, want_rows = faiss_reference(vectors, query, 50)
+        assert rows.tolist() == want_rows.tolist()
+        assert scores.tobytes() == want_scores.tobytes()
+
+
+def test_it_rescores_a_small_share_of_the_rows(monkeypatch):
+    rng = np.random.default_rng(11)
+    vectors = clustered(rng, 5000, 64)
+    counts = counting_rescores(monkeypatch)
+    filt = Int8Prefilter(vectors)
+    for query in clustered(rng, 10, 64):
+        filt.top_k(query, 10)
+    assert len(counts) == 10
+    assert max(counts) < 5000 // 20, counts
+
+
+def test_dense_index_uses_it_where_it_pays_and_answers_as_before(monkeypatch):
+    rng = np.random.default_rng(2)
+    vectors = clustered(rng, 4096, 32)
+    index = DenseIndex.build(vectors, DenseParams())
+    queries = clustered(rng, 3, 32)
+    counts = counting_rescores(monkeypatch)
+    for k, used in ((10, True), (1024, True), (1025, False), (4096, False)):
+        counts.clear()
+        scores, rows = index.search(queries, k)
+        assert (len(counts) == 3) is used, (k, counts)
+        for query, got_scores, got_rows in zip(queries, scores, rows):
+            want_scores, want_rows = faiss_reference(vectors, query, k)
+            assert got_rows.tolist() == want_rows.tolist()
+            assert got_scores.tobytes() == want_scores.tobytes()
+    small = DenseIndex.build(vectors[: prefilter.MIN_ROWS - 1], DenseParams())
+    counts.clear()
+    small.search(queries, 10)
+    assert counts == []
+
+
+def test_a_loaded_memory_mapped_index_gives_the_same_answers(tmp_path):
+    rng = np.random.default_rng(8)
+    vectors = clustered(rng, 3000, 24)
+    DenseIndex.build(vectors, DenseParams()).save(tmp_path / "dense.faiss")
+    loaded = DenseIndex.load(tmp_path / "dense.faiss", mmap=True)
+    queries = clustered(rng, 4, 24)
+    scores, rows = loaded.search(queries, 25)
+    for query, got_scores, got_rows in zip(queries, scores, rows):
+        want_scores, want_rows = faiss_reference(vectors, query, 25)
+        assert got_rows.tolist() == want_rows.tolist()
+        assert got_scores.tobytes() == want_scores.tobytes()
