@@ -41,17 +41,21 @@ def usable(n_rows: int, k: int) -> bool:
 class Int8Prefilter:
     """Codes and error bounds of a flat index's vectors, for `top_k`; build with `of`."""
 
-    def __init__(self, vectors: np.ndarray) -> None:
+    def __init__(self, vectors: np.ndarray, block: int = 1 << 16) -> None:
         n, d = vectors.shape
         self._vectors = vectors  # float32 (n, d), C order: the index's own storage
-        wide = vectors.astype(np.float64)
-        self._lo = wide.min(axis=0)
-        span = wide.max(axis=0) - self._lo
+        self._lo = vectors.min(axis=0).astype(np.float64)
+        span = vectors.max(axis=0).astype(np.float64) - self._lo
         self._step = np.where(span > 0, span / 255.0, 1.0)
-        codes = np.clip(np.rint((wide - self._lo) / self._step), 0, 255)
-        self._codes = codes.astype(np.uint8)
-        residual = np.linalg.norm(wide - (self._lo + self._step * codes), axis=1)
-        norms = np.linalg.norm(wide, axis=1)
+        self._codes = np.empty((n, d), dtype=np.uint8)
+        residual = np.empty(n, dtype=np.float64)
+        norms = np.empty(n, dtype=np.float64)
+        for start in range(0, n, block):  # float64 work in blocks: 10^6 x 384 at once is 3 GB
+            wide = vectors[start : start + block].astype(np.float64)
+            codes = np.clip(np.rint((wide - self._lo) / self._step), 0, 255)
+            self._codes[start : start + block] = codes
+            residual[start : start + block] = np.linalg.norm(wide - (self._lo + self._step * codes), axis=1)
+            norms[start : start + block] = np.linalg.norm(wide, axis=1)
         self._gamma = _gamma(d + 1)
         self._row_bound = residual * (1.0 + 1e-12) + self._gamma * norms
         self._max_norm = float(norms.max()) if n else 0.0

@@ -56,6 +56,13 @@ def test_top_k_is_faiss_exact_search_bit_for_bit(seed, scale):
             assert scores.tobytes() == want_scores.tobytes()
 
 
+def test_codes_made_in_blocks_equal_codes_made_at_once():
+    vectors = clustered(np.random.default_rng(4), 2100, 20)
+    whole, blocked = Int8Prefilter(vectors), Int8Prefilter(vectors, block=256)
+    assert np.array_equal(whole._codes, blocked._codes)
+    assert np.array_equal(whole._row_bound, blocked._row_bound)
+
+
 def test_ties_at_the_cut_are_taken_by_lower_row():
     rng = np.random.default_rng(3)
     base = clustered(rng, 600, 32)
