@@ -204,16 +204,14 @@ class DenseIndex:
 
     def _exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         n = len(self)
+        out_scores = np.empty((len(queries), k), dtype=np.float32)
+        out_rows = np.empty((len(queries), k), dtype=np.int64)
         if prefilter.usable(n, k):
             if self._prefilter is None:  # made on first use; two threads making it is harmless
                 self._prefilter = prefilter.Int8Prefilter.of(self._index)
-            out_scores = np.empty((len(queries), k), dtype=np.float32)
-            out_rows = np.empty((len(queries), k), dtype=np.int64)
             for i, query in enumerate(queries):
                 out_scores[i], out_rows[i] = self._prefilter.top_k(query, k)
             return out_scores, out_rows
-        out_scores = np.empty((len(queries), k), dtype=np.float32)
-        out_rows = np.empty((len(queries), k), dtype=np.int64)
         pending = np.arange(len(queries))
         fetch = min(n, k + 1)
         while pending.size:

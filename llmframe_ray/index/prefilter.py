@@ -56,8 +56,7 @@ class Int8Prefilter:
             self._codes[start : start + block] = codes
             residual[start : start + block] = np.linalg.norm(wide - (self._lo + self._step * codes), axis=1)
             norms[start : start + block] = np.linalg.norm(wide, axis=1)
-        self._gamma = _gamma(d + 1)
-        self._row_bound = residual * (1.0 + 1e-12) + self._gamma * norms
+        self._row_bound = residual * (1.0 + 1e-12) + _gamma(d + 1) * norms
         self._max_norm = float(norms.max()) if n else 0.0
 
     @classmethod
@@ -65,10 +64,6 @@ class Int8Prefilter:
         n, d = int(index.ntotal), int(index.d)
         vectors = faiss.rev_swig_ptr(index.get_xb(), n * d).reshape(n, d)
         return cls(vectors)
-
-    @property
-    def nbytes(self) -> int:
-        return self._codes.nbytes + self._row_bound.nbytes
 
     def top_k(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The exact best `k` rows for one float32 query: (scores float32, rows int64)."""
