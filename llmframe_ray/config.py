@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     embedding_batch_size: int = Field(32, ge=1, le=4096, validation_alias=_env("EMBEDDING_BATCH_SIZE"))
     num_threads: int | None = Field(None, ge=1, le=1024, validation_alias=_env("NUM_THREADS"))
     ort_spinning: bool = Field(True, validation_alias=_env("ORT_SPINNING"))
+    solo_threads: int | None = Field(None, ge=1, le=1024, validation_alias=_env("SOLO_THREADS"))
     openai_api_key: str | None = Field(
         None, repr=False, validation_alias=_env("OPENAI_API_KEY", "OPENAI_API_KEY")
     )
@@ -275,6 +276,7 @@ class Settings(BaseSettings):
                 provider=self.embedding_provider, models_dir=self.models_dir,
                 max_length=self.embedding_max_length, batch_size=self.embedding_batch_size,
                 threads=self.num_threads, spinning=self.ort_spinning, openai=openai,
+                solo_threads=self.solo_threads,
             ),
             index=IndexParams(
                 chunking=ChunkingParams(chunk_size=self.chunk_size, chunk_overlap=self.chunk_overlap),

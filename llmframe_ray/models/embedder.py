@@ -33,7 +33,7 @@ class Embedder(Protocol):
     dim: int
     max_length: int
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+    def embed(self, texts: Sequence[str], *, solo: bool = False) -> np.ndarray: ...
 
     def check_query(self, query: str) -> str: ...
 
@@ -50,10 +50,11 @@ def check_query_text(query: str) -> str:
     return stripped
 
 
-def embed_each(embedder: Embedder, queries: Sequence[str]) -> list[np.ndarray | Exception]:
+def embed_each(embedder: Embedder, queries: Sequence[str], *, solo: bool = False) -> list[np.ndarray | Exception]:
     """Each query's vector, or the error that query alone raises (too long for the model, text
     the tokenizer cannot take): a bad query never fails the others. The queries that pass the
-    check go through the model in one call; if that call fails, each is embedded alone."""
+    check go through the model in one call; if that call fails, each is embedded alone.
+    `solo`: through the embedder's solo session, where it has one (OnnxEmbedder)."""
     out: list[np.ndarray | Exception | None] = [None] * len(queries)
     checked: list[tuple[int, str]] = []
     for i, query in enumerate(queries):
@@ -64,7 +65,7 @@ def embed_each(embedder: Embedder, queries: Sequence[str]) -> list[np.ndarray | 
     if not checked:
         return out  # type: ignore[return-value]
     try:
-        vectors = np.asarray(embedder.embed([q for _, q in checked]), dtype=np.float32)
+        vectors = np.asarray(embedder.embed([q for _, q in checked], solo=solo), dtype=np.float32)
         for (i, _), vector in zip(checked, vectors):
             out[i] = vector
     except Exception as exc:  # noqa: BLE001
@@ -73,7 +74,7 @@ def embed_each(embedder: Embedder, queries: Sequence[str]) -> list[np.ndarray | 
             return out  # type: ignore[return-value]
         for i, query in checked:
             try:
-                out[i] = np.asarray(embedder.embed([query]), dtype=np.float32)[0]
+                out[i] = np.asarray(embedder.embed([query], solo=solo), dtype=np.float32)[0]
             except Exception as exc:  # noqa: BLE001
                 out[i] = exc
     return out  # type: ignore[return-value]
@@ -86,7 +87,13 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 
 class OnnxEmbedder:
-    """A BERT-style sentence encoder run with ONNX Runtime: mean pooling, then L2 norm."""
+    """A BERT-style sentence encoder run with ONNX Runtime: mean pooling, then L2 norm.
+
+    `solo_threads` (more than `threads`): a second session over the same model file with that
+    many threads, spinning only while it runs, for a query that has the machine to itself
+    (`embed(..., solo=True)`; serve/activity.py says when). With prepacked weights both sessions
+    read one mapped copy of them. Outputs do not depend on the session: checked bit for bit on
+    300 SciFact queries, 1 against 2 threads (tests/unit/test_embedder_solo.py)."""
 
     provider = "local"
 
@@ -100,6 +107,7 @@ class OnnxEmbedder:
         threads: int = 1,
         spinning: bool = True,
         prepacked_dir: Path | None = None,
+        solo_threads: int = 0,
     ) -> None:
         model_dir = Path(model_dir)
         for required in ("model.onnx", "tokenizer.json"):
@@ -122,6 +130,12 @@ class OnnxEmbedder:
         # untruncated encoding of a text within max_length is the truncating tokenizer's too)
         self._checked: dict[str, Any] = {}
         self._session = create_session(model_dir / "model.onnx", threads, spinning, prepacked_dir)
+        self.solo_threads = solo_threads if solo_threads > threads else 0
+        self._solo_session = self._session
+        if self.solo_threads:
+            self._solo_session = create_session(
+                model_dir / "model.onnx", self.solo_threads, True, prepacked_dir, stop_spinning=True
+            )
         self._input_names = {i.name for i in self._session.get_inputs()}
         self.dim = int(self._session.get_outputs()[0].shape[-1])
 
@@ -157,8 +171,9 @@ class OnnxEmbedder:
             found = [next(fresh) if encoding is None else encoding for encoding in found]
         return pad_encodings(found)
 
-    def run(self, batch: EncodedBatch) -> np.ndarray:
-        return self._session.run(None, batch.feeds(self._input_names))[0]
+    def run(self, batch: EncodedBatch, *, solo: bool = False) -> np.ndarray:
+        session = self._solo_session if solo else self._session
+        return session.run(None, batch.feeds(self._input_names))[0]
 
     @staticmethod
     def pool(hidden: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
@@ -167,8 +182,9 @@ class OnnxEmbedder:
         counts = np.maximum(mask.sum(axis=1), 1e-9)
         return l2_normalize(summed / counts)
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed texts in batches of similar length; rows come back in input order."""
+    def embed(self, texts: Sequence[str], *, solo: bool = False) -> np.ndarray:
+        """Embed texts in batches of similar length; rows come back in input order. `solo`:
+        through the solo session (the usual one where there is none)."""
         texts = list(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
@@ -178,7 +194,7 @@ class OnnxEmbedder:
         for start in range(0, len(texts), self.batch_size):
             rows = order[start : start + self.batch_size]
             batch = self.tokenize([texts[i] for i in rows])
-            out[rows] = self.pool(self.run(batch), batch.attention_mask)
+            out[rows] = self.pool(self.run(batch, solo=solo), batch.attention_mask)
         return out
 
 
@@ -213,7 +229,8 @@ class OpenAIEmbedder:
     def check_query(self, query: str) -> str:
         return check_query_text(query)
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    def embed(self, texts: Sequence[str], *, solo: bool = False) -> np.ndarray:
+        """`solo` is accepted and ignored: the model runs elsewhere."""
         texts = list(texts)
         rows: list[list[float]] = []
         for start in range(0, len(texts), self.batch_size):
@@ -274,13 +291,17 @@ class EmbedderParams:
     threads: int | None = None
     spinning: bool = True  # ONNX Runtime's idle threads spin-wait (runtime.create_session)
     openai: OpenAIEmbeddingParams | None = None
+    # threads of the solo session, for a query alone on the machine (OnnxEmbedder); None: every
+    # core this process may use; made only where `load_embedder(..., solo=True)` asks for it
+    solo_threads: int | None = None
 
     def with_threads(self, threads: int) -> EmbedderParams:
         return replace(self, threads=threads)
 
 
-def load_embedder(params: EmbedderParams) -> Embedder:
-    """The embedder `params` ask for."""
+def load_embedder(params: EmbedderParams, *, solo: bool = False) -> Embedder:
+    """The embedder `params` ask for; `solo`: with a solo session of `params.solo_threads`
+    when that is more than its own threads (OnnxEmbedder)."""
     if params.provider is EmbeddingProvider.OPENAI:
         hosted = params.openai or OpenAIEmbeddingParams()
         return OpenAIEmbedder(
@@ -297,4 +318,5 @@ def load_embedder(params: EmbedderParams) -> Embedder:
         threads=available_threads(params.threads),
         spinning=params.spinning,
         prepacked_dir=Path(params.models_dir) / PREPACKED_DIR,
+        solo_threads=available_threads(params.solo_threads) if solo else 0,
     )

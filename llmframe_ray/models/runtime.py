@@ -62,7 +62,13 @@ def available_threads(threads: int | None = None) -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def create_session(model_path: Path, threads: int, spinning: bool = True, prepacked_dir: Path | None = None):
+def create_session(
+    model_path: Path,
+    threads: int,
+    spinning: bool = True,
+    prepacked_dir: Path | None = None,
+    stop_spinning: bool = False,
+):
     """An ONNX Runtime CPU session using `threads` intra-op threads (one inter-op thread).
 
     `spinning`: whether idle pool threads spin-wait between runs (ONNX Runtime's default; only a
@@ -70,6 +76,9 @@ def create_session(model_path: Path, threads: int, spinning: bool = True, prepac
     takes 4.2 ms spinning, 5.5 ms not; but Serve replicas sharing the cores with 2 spinning
     threads each served half the requests of replicas with one thread each (README "Serving
     benchmark"): LLMFRAME_ORT_SPINNING=false where multi-threaded sessions share cores.
+    `stop_spinning`: the pool threads spin only while a run is in progress and stop as soon as
+    it returns (`session.force_spinning_stop`), for a session that runs now and then on cores
+    that other processes use in between.
 
     `prepacked_dir`: run the model from its optimized copy in this folder, whose weights, already
     packed for this CPU's kernels, sit in a file that ONNX Runtime maps into memory (made once:
@@ -87,6 +96,8 @@ def create_session(model_path: Path, threads: int, spinning: bool = True, prepac
     flag = "1" if spinning else "0"
     options.add_session_config_entry("session.intra_op.allow_spinning", flag)
     options.add_session_config_entry("session.inter_op.allow_spinning", flag)
+    if stop_spinning:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     path = Path(model_path)
 
     def load(model: Path):

@@ -44,6 +44,7 @@ from llmframe_ray.retrieve.plan import (
     run_plan_async,
 )
 from llmframe_ray.retrieve.shard_cache import ShardCache
+from llmframe_ray.serve.activity import MachineSearches
 from llmframe_ray.serve.replica import BatchStats, replica_threads, unwrap, with_replica_threads
 from llmframe_ray.types import SearchMode
 
@@ -106,9 +107,11 @@ class RetrieverCore:
         self.local: ShardCache | None = None
         self.encoder: DeploymentHandle | None = None if isinstance(args.encoder, EmbedderParams) else args.encoder
         self.embedder: Any = None
+        self.searches: MachineSearches | None = None  # in flight on this machine, when there is a solo session
         self.stats = BatchStats()
         self.pending = 0  # searches waiting for or in a batch
         self.shed = 0  # searches refused because `pending` was at the limit
+        self.solo = 0  # queries encoded through the solo session
         self.problem: str | None = None
         self._failed: str | None = None
         self._switching = asyncio.Lock()
@@ -126,8 +129,11 @@ class RetrieverCore:
             faiss.omp_set_num_threads(args.faiss_threads if args.faiss_threads is not None else replica_threads())
             self.local = await asyncio.to_thread(ShardCache, args.index_dir, local, args.params)
         if self.encoder is None:
-            self.embedder = await asyncio.to_thread(load_embedder, with_replica_threads(args.encoder))
+            self.embedder = await asyncio.to_thread(load_embedder, with_replica_threads(args.encoder), solo=True)
             self.embedder.embed(["warm up"])
+            if getattr(self.embedder, "solo_threads", 0):
+                self.embedder.embed(["warm up"], solo=True)
+                self.searches = MachineSearches()
         self.served = await self._first_version(current)
         loop = asyncio.get_running_loop()
         if args.watch_interval_s > 0:
@@ -144,10 +150,14 @@ class RetrieverCore:
                 f"replica, LLMFRAME_MAX_PENDING_SEARCHES={limit}); retry shortly"
             )
         self.pending += 1
+        if self.searches is not None:
+            self.searches.enter()
         try:
             result = await self._batch(ask)
         finally:
             self.pending -= 1
+            if self.searches is not None:
+                self.searches.leave()
         if isinstance(result, BaseException):
             raise result
         return result
@@ -209,9 +219,12 @@ class RetrieverCore:
         """Each query's vector or its own error. Here: one query per model call, in this thread
         (measured on 2-core machines: a padded batch of queries costs more per query than single
         ones, and handing one query's work to another thread added up to 2 ms); one replica per core gives
-        the parallelism."""
+        the parallelism. A query that is the only search on the machine (no other in flight in
+        any replica there) runs through the solo session, on the cores the idle replicas leave."""
         if self.embedder is not None:
-            return [embed_each(self.embedder, [q])[0] for q in queries]
+            solo = len(queries) == 1 and self.searches is not None and self.searches.alone()
+            self.solo += solo
+            return [embed_each(self.embedder, [q], solo=solo)[0] for q in queries]
         try:
             return list(await self.encoder.encode_many.remote(queries))
         except Exception as exc:
@@ -305,7 +318,7 @@ class RetrieverCore:
         return {**self.index.describe(self.served.version), "problem": self.problem}
 
     def batch_stats(self) -> dict[str, float]:
-        return {**self.stats.as_dict(), "pending": self.pending, "shed": self.shed}
+        return {**self.stats.as_dict(), "pending": self.pending, "shed": self.shed, "solo": self.solo}
 
     def ready(self) -> str:
         return "ready"

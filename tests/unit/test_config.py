@@ -149,3 +149,12 @@ def test_each_stage_gets_only_its_own_secrets(monkeypatch):
         text = repr(getattr(params, name))
         assert "secret" not in text, (name, text)
     assert "secret" not in repr(params.providers)  # keys are never shown in a repr
+
+
+def test_solo_threads_reach_the_embedder_params(monkeypatch):
+    assert load_settings().params().embedder.solo_threads is None  # every core, where it is used
+    monkeypatch.setenv("LLMFRAME_SOLO_THREADS", "1")
+    assert load_settings().params().embedder.solo_threads == 1
+    monkeypatch.setenv("LLMFRAME_SOLO_THREADS", "0")
+    with pytest.raises(ConfigError, match=r"LLMFRAME_SOLO_THREADS: Input should be greater than or equal to 1"):
+        load_settings()

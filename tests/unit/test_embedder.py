@@ -149,3 +149,24 @@ def test_a_checked_query_is_tokenized_once_and_embeds_the_same(embedder):
     np.testing.assert_array_equal(checked[:3], again)
     np.testing.assert_allclose(checked, embedder.embed(TEXTS), atol=1e-6)
     assert embedder._checked == {}
+
+
+def test_the_solo_session_gives_the_same_vectors_bit_for_bit(model_dir):
+    """A query that has the machine to itself runs through a wider session (serve/activity.py);
+    its vector must not depend on which session ran it."""
+    embedder = OnnxEmbedder(model_dir, threads=1, solo_threads=2)
+    assert embedder.solo_threads == 2
+    options = embedder._solo_session.get_session_options()
+    assert options.intra_op_num_threads == 2
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert embedder._session.get_session_options().intra_op_num_threads == 1
+    for text in TEXTS:
+        assert embedder.embed([text], solo=True).tobytes() == embedder.embed([text]).tobytes()
+    assert embedder.embed(TEXTS, solo=True).tobytes() == embedder.embed(TEXTS).tobytes()
+
+
+@pytest.mark.parametrize("solo_threads", [0, 1, 2])
+def test_no_solo_session_without_more_threads_than_its_own(model_dir, solo_threads):
+    embedder = OnnxEmbedder(model_dir, threads=2, solo_threads=solo_threads)
+    assert embedder.solo_threads == 0 and embedder._solo_session is embedder._session
+    assert embedder.embed(TEXTS, solo=True).tobytes() == embedder.embed(TEXTS).tobytes()

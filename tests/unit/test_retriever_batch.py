@@ -56,6 +56,46 @@ def test_one_plan_for_a_batch_answers_each_request_as_the_pipeline_does_alone(se
     assert {r.version for r in results} == {core.served.version}
 
 
+class Searches:
+    """MachineSearches with what `alone()` answers set by the test."""
+
+    def __init__(self, alone):
+        self.answer = alone
+
+    def alone(self):
+        return self.answer
+
+
+@pytest.mark.parametrize("alone, queries, solo", [(True, 1, True), (False, 1, False), (True, 2, False)])
+def test_a_query_alone_on_the_machine_runs_through_the_solo_session(setup, monkeypatch, alone, queries, solo):
+    core, pipeline = setup
+    assert core.embedder.solo_threads == 2 and core.searches is not None  # 2 cores, one thread per replica
+    calls = []
+    embed = core.embedder.embed
+    monkeypatch.setattr(core.embedder, "embed", lambda texts, solo=False: calls.append(solo) or embed(texts, solo=solo))
+    monkeypatch.setattr(core, "searches", Searches(alone))
+    asks = [retriever.Ask(q, SearchMode.HYBRID, ResultLevel.DOCUMENT, 3) for q in QUERIES[:queries]]
+    before = core.batch_stats()["solo"]
+    results = asyncio.run(core._answer(core.served, asks))
+    assert calls == [solo] * queries
+    assert core.batch_stats()["solo"] == before + solo
+    assert [key(r.hits) for r in results] == [key(pipeline.search(q, SearchMode.HYBRID, 3)) for q in QUERIES[:queries]]
+
+
+def test_a_search_counts_in_the_machine_table_while_it_runs(setup, monkeypatch):
+    core, _ = setup
+    seen = []
+
+    async def batch(ask):  # serve.batch needs a replica: answer the ask as a batch of one
+        seen.append(core.searches.in_flight() - before)
+        return (await core._answer(core.served, [ask]))[0]
+
+    before = core.searches.in_flight()
+    monkeypatch.setattr(core, "_batch", batch)
+    asyncio.run(core.retrieve("bee dance", SearchMode.HYBRID, ResultLevel.DOCUMENT, 3))
+    assert seen == [1] and core.searches.in_flight() == before
+
+
 def test_a_query_too_long_for_the_model_fails_alone(setup):
     core, pipeline = setup
     texts = [QUERIES[0], "tide " * 400, QUERIES[2]]
