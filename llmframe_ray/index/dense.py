@@ -202,15 +202,23 @@ class DenseIndex:
         scores, rows = self._index.search(queries, k)
         return _sort_rows(scores, rows)
 
+    def int8_prefilter(self) -> prefilter.Int8Prefilter | None:
+        """The int8 prefilter of a flat index (None for an ANN one), made on first use (two
+        threads making it at once is harmless)."""
+        if self.params.kind is not DenseIndexKind.FLAT:
+            return None
+        if self._prefilter is None:
+            self._prefilter = prefilter.Int8Prefilter.of(self._index)
+        return self._prefilter
+
     def _exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         n = len(self)
         out_scores = np.empty((len(queries), k), dtype=np.float32)
         out_rows = np.empty((len(queries), k), dtype=np.int64)
         if prefilter.usable(n, k):
-            if self._prefilter is None:  # made on first use; two threads making it is harmless
-                self._prefilter = prefilter.Int8Prefilter.of(self._index)
+            codes = self.int8_prefilter()
             for i, query in enumerate(queries):
-                out_scores[i], out_rows[i] = self._prefilter.top_k(query, k)
+                out_scores[i], out_rows[i] = codes.top_k(query, k)
             return out_scores, out_rows
         pending = np.arange(len(queries))
         fetch = min(n, k + 1)

@@ -67,6 +67,20 @@ class Int8Prefilter:
 
     def top_k(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The exact best `k` rows for one float32 query: (scores float32, rows int64)."""
+        center, bound = self.bounds(query)
+        n = len(center)
+        lower = center - bound
+        threshold = np.partition(lower, n - k)[n - k]
+        candidates = np.flatnonzero(center + bound >= threshold).astype(np.int64)
+        scores = self.rescore(query, candidates)
+        order = np.lexsort((candidates, -scores))[:k]
+        return scores[order], candidates[order]
+
+    def bounds(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's approximate score and the bound on its distance to FAISS's own score
+        (steps 1 and 2 above), float64. Any T that at least k rows' lower bounds reach (here or
+        over several shards' rows together) selects, by upper bound >= T, every row that can
+        be in the top k."""
         n, d = self._codes.shape
         wide = query.astype(np.float64)
         weights = (wide * self._step).astype(np.float32)
@@ -80,10 +94,12 @@ class Int8Prefilter:
         _scan(self._codes, weights, approx)
         center = approx.astype(np.float64) + base
         bound = norm * self._row_bound + (scan_error + slack)
-        lower = center - bound
-        threshold = np.partition(lower, n - k)[n - k]
-        candidates = np.flatnonzero(center + bound >= threshold).astype(np.int64)
-        scores = np.empty(len(candidates), dtype=np.float32)
+        return center, bound
+
+    def rescore(self, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """FAISS's own float32 scores of `rows` (int64) for one query."""
+        d = self._codes.shape[1]
+        scores = np.empty(len(rows), dtype=np.float32)
         query = np.ascontiguousarray(query, dtype=np.float32)
         # One query is one OpenMP iteration: run it without a parallel region, whose idle
         # threads spin on the other core after it (they slowed the next encode by half here).
@@ -92,12 +108,11 @@ class Int8Prefilter:
         try:
             faiss.fvec_inner_products_by_idx(
                 faiss.swig_ptr(scores), faiss.swig_ptr(query), faiss.swig_ptr(self._vectors),
-                faiss.swig_ptr(candidates), d, 1, len(candidates),
+                faiss.swig_ptr(rows), d, 1, len(rows),
             )
         finally:
             faiss.omp_set_num_threads(threads)
-        order = np.lexsort((candidates, -scores))[:k]
-        return scores[order], candidates[order]
+        return scores
 
 
 def _gamma(n: int) -> float:

@@ -119,6 +119,8 @@ class Analyzer:
         self.lower = lower
         self._split = re.compile(TOKEN_PATTERN).findall
         self._local = threading.local()
+        # analysers with equal keys give the same terms for any text
+        self.key = (TOKEN_PATTERN, lower, stemmer, self.stopwords)
 
     def _stem(self, word: str) -> str:
         stemmer = getattr(self._local, "stemmer", None)
@@ -228,14 +230,16 @@ class SparseIndex:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         if isinstance(queries, str):
             raise ValueError("queries must be a sequence of strings, not one string")
-        k = min(k, len(self))
+        return [self.top_of_terms(self.analyzer.terms(query), k) for query in queries]
+
+    def top_of_terms(self, terms: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The best `min(k, len(self))` rows (with a positive score) for a query already
+        analysed into `terms` (by this index's analyzer, or one with the same `key`)."""
         matrix = self._bm25.scores
         data, indices, indptr = (np.asarray(matrix[key]) for key in ("data", "indices", "indptr"))
-        results = []
-        for query in queries:
-            ids = np.asarray(self.term_ids(query), dtype=np.int64)
-            results.append(bm25_top(data, indices, indptr, len(self), ids, k))
-        return results
+        vocab = self._bm25.vocab_dict
+        ids = np.asarray([vocab[t] for t in terms if t in vocab], dtype=np.int64)
+        return bm25_top(data, indices, indptr, len(self), ids, min(k, len(self)))
 
     def stats(self) -> CorpusStats:
         """Document count, total length and per-term document frequencies (computed here)."""

@@ -31,12 +31,15 @@ class ShardAnswer:
     """One shard's answer to a search for N queries, flat: query i's hits are the slice
     `offsets[i]:offsets[i + 1]` of `rows` (int64), `scores` (float32) and `doc_keys`, best
     first. Document keys sort like the document ids: the ids themselves, or int64 keys that the
-    shards searched together share (index/store.py: share_document_keys)."""
+    shards searched together share (index/store.py: share_document_keys). `shards` (int64, per
+    hit) where one answer covers several shards searched as one (retrieve/joint.py); None where
+    every hit is from the shard that was asked."""
 
     rows: np.ndarray
     scores: np.ndarray
     doc_keys: np.ndarray
     offsets: np.ndarray
+    shards: np.ndarray | None = None
 
     @classmethod
     def of(
@@ -67,6 +70,13 @@ class ShardAnswer:
 
     def count(self, i: int) -> int:
         return int(self.offsets[i + 1] - self.offsets[i])
+
+    def part(self, i: int, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Query i's hits as merge_parts takes them: (shards, rows, scores, doc keys); `shard`:
+        the shard that was asked, where the answer has no `shards`."""
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        where = np.full(end - start, shard, dtype=np.int64) if self.shards is None else self.shards[start:end]
+        return where, self.rows[start:end], self.scores[start:end], self.doc_keys[start:end]
 
     def as_lists(self) -> list[list[tuple[int, float, str]]]:
         """Per query, (row, score, document key) tuples (for tests and debugging)."""
@@ -105,23 +115,30 @@ class Candidates:
 
 def merge_shards(ranker: str, per_shard: Mapping[int, tuple[np.ndarray, np.ndarray, np.ndarray]], limit: int) -> Candidates:
     """Merge each shard's (rows, scores, doc_keys) into one list, best first, at most `limit`."""
-    shards = [np.full(len(rows), shard, dtype=np.int64) for shard, (rows, _, _) in per_shard.items()]
-    parts = list(per_shard.values())
-    if not parts or sum(len(p[0]) for p in parts) == 0:
+    parts = [(np.full(len(rows), shard, dtype=np.int64), rows, scores, docs) for shard, (rows, scores, docs) in per_shard.items()]
+    return merge_parts(ranker, parts, limit)
+
+
+def merge_parts(
+    ranker: str, parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], limit: int
+) -> Candidates:
+    """Merge lists of (shards, rows, scores, doc_keys), each in the order rules already (one
+    shard's answer, or several shards' merged), into one list, best first, at most `limit`."""
+    if not parts or sum(len(p[1]) for p in parts) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Candidates(ranker, empty, empty, NO_KEYS, np.zeros(0, dtype=np.float64))
     if len(parts) == 1:
         # A shard answers in (score desc, row asc) order, and its rows are in document id
-        # order, so its answer already follows the order rules.
-        rows, scores, docs = parts[0]
+        # order, so its answer already follows the order rules (as does a merged answer).
+        shards, rows, scores, docs = parts[0]
         return Candidates(
-            ranker, shards[0][:limit], np.asarray(rows[:limit], dtype=np.int64), docs[:limit],
-            np.asarray(scores[:limit], dtype=np.float64),
+            ranker, np.asarray(shards[:limit], dtype=np.int64), np.asarray(rows[:limit], dtype=np.int64),
+            docs[:limit], np.asarray(scores[:limit], dtype=np.float64),
         )
-    shard = np.concatenate(shards)
-    rows = np.concatenate([np.asarray(p[0], dtype=np.int64) for p in parts])
-    scores = np.concatenate([np.asarray(p[1], dtype=np.float64) for p in parts])
-    docs = concat_keys([p[2] for p in parts])
+    shard = np.concatenate([np.asarray(p[0], dtype=np.int64) for p in parts])
+    rows = np.concatenate([np.asarray(p[1], dtype=np.int64) for p in parts])
+    scores = np.concatenate([np.asarray(p[2], dtype=np.float64) for p in parts])
+    docs = concat_keys([p[3] for p in parts])
     order = np.lexsort((shard, rows, docs, -scores))[:limit]
     return Candidates(ranker, shard[order], rows[order], docs[order], scores[order])
 

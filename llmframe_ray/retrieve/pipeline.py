@@ -20,6 +20,7 @@ from llmframe_ray.index.store import share_document_keys
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import Embedder, check_query_text
+from llmframe_ray.retrieve.joint import search_together
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.plan import (
     DirectCalls,
@@ -146,7 +147,8 @@ class Pipeline:
         if mode in (SearchMode.BM25, SearchMode.HYBRID) and self.bm25_problem is not None:
             raise IndexLoadError(self.bm25_problem)
         plan = retrieval_plan(
-            checked, mode, ResultLevel.from_str(level), top_k, [len(s) for s in self.shards], self.retrieval.fusion
+            checked, mode, ResultLevel.from_str(level), top_k, [len(s) for s in self.shards], self.retrieval.fusion,
+            together=[range(len(self.shards))],  # one process holds them all: searched as one
         )
         return run_plan(plan, _DirectBackend(self))
 
@@ -162,6 +164,10 @@ class _DirectBackend(DirectCalls):
 
     def search(self, shard: int, ranker: Ranker, inputs: Any, k: int) -> ShardResults:
         return search_shard(self.pipeline.shards[shard], ranker, inputs, k)
+
+    def search_together(self, shards: Sequence[int], ranker: Ranker, inputs: Any, k: int) -> ShardResults:
+        held = [(s, self.pipeline.shards[s]) for s in shards]
+        return search_together(held, Ranker.from_str(ranker) is Ranker.BM25, inputs, k)
 
     def read_chunks(self, shard: int, rows: Sequence[int]) -> list[Chunk]:
         return self.pipeline.shards[shard].chunks(list(rows))

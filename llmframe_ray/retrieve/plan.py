@@ -20,7 +20,7 @@ from typing import Any, Generator, Mapping, Protocol, Sequence
 import numpy as np
 
 from llmframe_ray.index.shard import IndexShard
-from llmframe_ray.retrieve.candidates import Candidates, ShardAnswer, concat_keys, dense_codes, merge_shards
+from llmframe_ray.retrieve.candidates import Candidates, ShardAnswer, concat_keys, dense_codes, merge_parts
 from llmframe_ray.retrieve.compiled import fuse_chunks, fuse_documents
 from llmframe_ray.types import Choice, Chunk, Hit, SearchMode
 
@@ -70,6 +70,25 @@ class SearchShard:
 
 
 @dataclass(frozen=True)
+class SearchShards:
+    """Search `shards`, held by one process, as one with `ranker`; answer: ShardResults with
+    their merged top `k` rows per query (retrieve/joint.py), each hit's shard in `shards`."""
+
+    ranker: Ranker
+    shards: tuple[int, ...]
+    inputs: Any
+    k: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranker", Ranker.from_str(self.ranker))
+
+    @property
+    def shard(self) -> int:
+        """The first of them (routing: every one is held where this one is)."""
+        return self.shards[0]
+
+
+@dataclass(frozen=True)
 class ReadChunks:
     """Read these rows of shard `shard`; answer: the Chunks, in the same order."""
 
@@ -77,7 +96,7 @@ class ReadChunks:
     rows: tuple[int, ...]
 
 
-Request = Encode | SearchShard | ReadChunks
+Request = Encode | SearchShard | SearchShards | ReadChunks
 Plan = Generator[list[Request], list[Any], list[list[Hit]]]
 
 
@@ -100,7 +119,8 @@ class PlanBackend(Protocol):
 
 
 class DirectCalls:
-    """A backend's `answer` as one method call per request (encode / search / read_chunks)."""
+    """A backend's `answer` as one method call per request (encode / search / search_together /
+    read_chunks)."""
 
     def answer(self, requests: Sequence[Request]) -> list[Any]:
         return [answer_request(self, request) for request in requests]
@@ -112,6 +132,8 @@ def answer_request(backend: Any, request: Request) -> Any:
         return backend.encode(request.texts)
     if isinstance(request, SearchShard):
         return backend.search(request.shard, request.ranker, request.inputs, request.k)
+    if isinstance(request, SearchShards):
+        return backend.search_together(request.shards, request.ranker, request.inputs, request.k)
     if isinstance(request, ReadChunks):
         return backend.read_chunks(request.shard, request.rows)
     raise TypeError(f"not a retrieval plan request: {request!r}")
@@ -185,10 +207,13 @@ def retrieval_plan(
     shard_sizes: Sequence[int],
     fusion: FusionParams,
     vectors: np.ndarray | None = None,
+    together: Sequence[Sequence[int]] = (),
 ) -> Plan:
     """Rank `top_k` hits per (already checked) query over shards of the given sizes (0: empty).
 
     `vectors`, when given, are the queries' embeddings (the plan then asks for no encoding).
+    `together`: groups of shards that one process holds, searched as one (SearchShards); every
+    other shard is searched on its own. Rankings are the same either way.
     """
     depth = top_k if mode is not SearchMode.HYBRID else max(top_k, fusion.fusion_depth)
     rankers: list[tuple[str, Any]] = []
@@ -198,7 +223,7 @@ def retrieval_plan(
         if vectors is None:
             (vectors,) = yield [Encode(tuple(queries))]
         rankers.append((DENSE, np.ascontiguousarray(vectors, dtype=np.float32)))
-    per_ranker = yield from _candidates(rankers, len(queries), depth, level, shard_sizes)
+    per_ranker = yield from _candidates(rankers, len(queries), depth, level, shard_sizes, _units(shard_sizes, together))
 
     ranked = []
     for i in range(len(queries)):
@@ -220,40 +245,53 @@ def retrieval_plan(
     ]
 
 
+def _units(shard_sizes: Sequence[int], together: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """The non-empty shards in search units: the `together` groups, and each other shard alone."""
+    units, seen = [], set()
+    for group in together:
+        unit = tuple(s for s in group if shard_sizes[s] > 0)
+        seen.update(group)
+        if unit:
+            units.append(unit)
+    units.extend((s,) for s, size in enumerate(shard_sizes) if size > 0 and s not in seen)
+    return units
+
+
 def _candidates(
     rankers: list[tuple[str, Any]],
     n_queries: int,
     depth: int,
     level: ResultLevel,
     shard_sizes: Sequence[int],
+    units: list[tuple[int, ...]],
 ) -> Generator[list[Request], list[Any], dict[str, list[Candidates]]]:
     """Each query's best chunks from every shard, merged, enough to rank `depth` items.
 
     At document level the number of chunks needed for `depth` distinct documents is not known
     in advance: start at 2 x depth and double, for the queries still short of `depth`
     documents, until they have them or the shards have nothing more to give. The rankers
-    search side by side: one round asks every shard for every ranker's pending queries.
+    search side by side: one round asks every search unit (a shard, or shards searched as one)
+    for every ranker's pending queries.
     """
     total = sum(shard_sizes)
-    live = [s for s, size in enumerate(shard_sizes) if size > 0]
     out: dict[str, list[Candidates | None]] = {name: [None] * n_queries for name, _ in rankers}
     pending = {name: list(range(n_queries)) for name, _ in rankers}
     k = min(depth if level is ResultLevel.CHUNK else 2 * depth, total)
     while any(pending.values()):
         asked = [
-            (name, SearchShard(name, s, _select(inputs, pending[name]), min(k, shard_sizes[s])))
+            (name, _search(name, unit, _select(inputs, pending[name]), min(k, sum(shard_sizes[s] for s in unit))))
             for name, inputs in rankers if pending[name]
-            for s in live
+            for unit in units
         ]
         answers = yield [request for _, request in asked]
         for name, _ in rankers:
             if not pending[name]:
                 continue
-            per_shard = [(req.shard, ans) for (n, req), ans in zip(asked, answers) if n == name]
+            per_unit = [(req, ans) for (n, req), ans in zip(asked, answers) if n == name]
             still_short = []
             for j, i in enumerate(pending[name]):
-                merged = merge_shards(name, {shard: answer.query(j) for shard, answer in per_shard}, k)
-                exhausted = all(answer.count(j) < min(k, shard_sizes[shard]) for shard, answer in per_shard)
+                merged = merge_parts(name, [answer.part(j, req.shard) for req, answer in per_unit], k)
+                exhausted = all(answer.count(j) < req.k for req, answer in per_unit)
                 enough = level is ResultLevel.CHUNK or merged.n_documents >= depth
                 if enough or exhausted or k >= total:
                     out[name][i] = merged
@@ -262,6 +300,10 @@ def _candidates(
             pending[name] = still_short
         k = min(2 * k, total)
     return out  # type: ignore[return-value]
+
+
+def _search(name: str, unit: tuple[int, ...], inputs: Any, k: int) -> SearchShard | SearchShards:
+    return SearchShard(name, unit[0], inputs, k) if len(unit) == 1 else SearchShards(name, unit, inputs, k)
 
 
 def _select(inputs: Any, rows: list[int]) -> Any:

@@ -23,7 +23,8 @@ from llmframe_ray.index.store import share_document_keys
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.retrieve.candidates import ShardAnswer
 from llmframe_ray.retrieve.params import RetrievalParams
-from llmframe_ray.retrieve.plan import ReadChunks, Request, SearchShard, ShardFacts, search_shard
+from llmframe_ray.retrieve.joint import search_together
+from llmframe_ray.retrieve.plan import Ranker, ReadChunks, Request, SearchShard, SearchShards, ShardFacts, search_shard
 
 EMPTY = ShardFacts(size=0, n_tokens=0, corpus=None, model={})
 
@@ -109,10 +110,15 @@ class ShardCache:
 def answer_all(loaded: Loaded, version: str, requests: Sequence[Request]) -> list[Any]:
     out: list[Any] = []
     for request in requests:
-        if request.shard not in loaded:
-            raise ValueError(f"shard {request.shard} is not in this group (shards {sorted(loaded)})")
+        asked = request.shards if isinstance(request, SearchShards) else (request.shard,)
+        missing = [s for s in asked if s not in loaded]
+        if missing:
+            raise ValueError(f"shard {missing[0]} is not in this group (shards {sorted(loaded)})")
         shard = loaded[request.shard]
-        if isinstance(request, SearchShard):
+        if isinstance(request, SearchShards):
+            held = [(s, loaded[s]) for s in request.shards]
+            out.append(search_together(held, request.ranker is Ranker.BM25, request.inputs, request.k))
+        elif isinstance(request, SearchShard):
             out.append(ShardAnswer.empty(len(request.inputs)) if shard is None else search_shard(shard, request.ranker, request.inputs, request.k))
         elif isinstance(request, ReadChunks):
             if shard is None:

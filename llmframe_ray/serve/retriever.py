@@ -102,6 +102,7 @@ class RetrieverCore:
         self.groups = [Group(tuple(shards), handle) for shards, handle in args.groups]
         self.n_shards = sum(len(g.shards) for g in self.groups)
         self.group_of = {shard: i for i, g in enumerate(self.groups) for shard in g.shards}
+        self.together = [g.shards for g in self.groups if len(g.shards) > 1]  # each group's shards searched as one
         if sorted(self.group_of) != list(range(self.n_shards)):
             raise ValueError(f"shard groups {[g.shards for g in self.groups]} must hold shards 0..n-1 once each")
         self.local: ShardCache | None = None
@@ -194,7 +195,8 @@ class RetrieverCore:
                 vectors = np.stack([encoded[i] for i in live]).astype(np.float32, copy=False)
         if live:
             sizes = [f.size for f in served.facts]
-            plan = retrieval_plan([asks[i].query for i in live], mode, level, top_k, sizes, self.fusion, vectors)
+            together = self.together
+            plan = retrieval_plan([asks[i].query for i in live], mode, level, top_k, sizes, self.fusion, vectors, together)
             backend = _Backend(self, served.version)
             try:
                 hits = await run_plan_async(plan, backend)
@@ -206,7 +208,7 @@ class RetrieverCore:
                     results = []
                     for j, i in enumerate(live):
                         one = None if vectors is None else vectors[j : j + 1]
-                        alone = retrieval_plan([asks[i].query], mode, level, top_k, sizes, self.fusion, one)
+                        alone = retrieval_plan([asks[i].query], mode, level, top_k, sizes, self.fusion, one, together)
                         try:
                             results.append(Retrieved(served.version, (await run_plan_async(alone, backend))[0]))
                         except Exception as failed:

@@ -9,7 +9,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.errors import QueryTooLongError
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
-from llmframe_ray.retrieve import plan as plan_module
+from llmframe_ray.retrieve import joint
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.plan import ResultLevel
 from llmframe_ray.types import Document, SearchMode
@@ -108,14 +108,14 @@ def test_a_query_too_long_for_the_model_fails_alone(setup):
 
 def test_a_request_that_breaks_the_shared_plan_fails_alone(setup, monkeypatch):
     core, pipeline = setup
-    real = plan_module.search_shard
+    real = joint.search_together
 
-    def search_shard(shard, ranker, inputs, k):
+    def search_together(held, bm25, inputs, k):  # the setup's two shards are one group
         if any("poison" in text for text in inputs if isinstance(text, str)):
             raise RuntimeError("the analyzer choked on this text")
-        return real(shard, ranker, inputs, k)
+        return real(held, bm25, inputs, k)
 
-    monkeypatch.setattr("llmframe_ray.retrieve.shard_cache.search_shard", search_shard)
+    monkeypatch.setattr("llmframe_ray.retrieve.shard_cache.search_together", search_together)
     texts = [QUERIES[1], "poison pill", QUERIES[3]]
     asks = [retriever.Ask(q, SearchMode.BM25, ResultLevel.DOCUMENT, 3) for q in texts]
     first, bad, last = asyncio.run(core._answer(core.served, asks))

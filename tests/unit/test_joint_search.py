@@ -1,0 +1,101 @@
+"""Shards held by one process searched as one (retrieve/joint.py): the merged top k must be
+exactly what merging every shard's own top k gives (candidates.py order rules), for both
+rankers, with ties at the cut, string and integer document keys, on the int8 prefilter's path
+and on the shard-by-shard path."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.index import prefilter
+from llmframe_ray.index.store import share_document_keys
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.ingest.build import publish_shards
+from llmframe_ray.retrieve.candidates import merge_parts
+from llmframe_ray.retrieve.joint import search_together
+from llmframe_ray.retrieve.plan import Ranker, search_shard
+from llmframe_ray.types import Chunk
+
+WORDS = "moon tide ocean lava ice bee honey iron rust tea leaf salt wind rain sand".split()
+DIM = 16
+
+
+def corpus(n_docs, seed):
+    """Documents of 1-3 chunks with short texts from a small vocabulary (many equal BM25
+    scores) and vectors from a few distinct values (many equal inner products)."""
+    rng = np.random.default_rng(seed)
+    chunks = []
+    for d in range(n_docs):
+        for position in range(int(rng.integers(1, 4))):
+            text = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 4))))
+            chunks.append(Chunk(f"{d}-{position}", f"doc{d:05d}", position, text))
+    vectors = rng.choice([-1.0, 0.0, 0.5, 1.0], size=(len(chunks), DIM)).astype(np.float32)
+    return chunks, vectors
+
+
+@pytest.fixture(scope="module", params=[(1200, 4, 3), (90, 3, 5)], ids=["prefilter", "shard-by-shard"])
+def shards(request, tmp_path_factory):
+    n_docs, n_shards, seed = request.param
+    chunks, vectors = corpus(n_docs, seed)
+    params = load_settings().params().index
+    directory = IndexDirectory(tmp_path_factory.mktemp("joint") / "index")
+    publish_shards(directory, chunks, vectors, params, {"name": "random", "provider": "test", "dim": DIM, "max_length": 64}, shards=n_shards)
+    return directory.load().shards
+
+
+def per_shard_merge(held, ranker, inputs, k):
+    """The plan's old way: each shard's own top k, merged, cut at k."""
+    answers = [(s, search_shard(shard, ranker, inputs, min(k, len(shard)))) for s, shard in held]
+    return [merge_parts(ranker.value, [a.part(q, s) for s, a in answers], k) for q in range(len(inputs))]
+
+
+def same(answer, merged):
+    for q, expected in enumerate(merged):
+        shards, rows, scores, keys = answer.part(q, -1)
+        assert shards.tolist() == expected.shards.tolist()
+        assert rows.tolist() == expected.rows.tolist()
+        assert scores.astype(np.float64).tobytes() == expected.scores.tobytes()
+        assert keys.tolist() == expected.doc_keys.tolist()
+
+
+@pytest.mark.parametrize("shared_keys", [False, True])
+@pytest.mark.parametrize("k", [1, 7, 40, 150])
+def test_dense_together_equals_each_shard_merged(shards, shared_keys, k):
+    held = list(enumerate(share_document_keys([s.store for s in shards]) if shared_keys else [s.store for s in shards]))
+    held = [(i, replace(shards[i], store=store)) for i, store in held]
+    rng = np.random.default_rng(k)
+    queries = rng.choice([-1.0, 0.0, 0.5, 1.0], size=(12, DIM)).astype(np.float32)
+    queries[3] = queries[2]  # a repeated query
+    total = sum(len(s) for s in shards)
+    answer = search_together(held, False, queries, k)
+    same(answer, per_shard_merge(held, Ranker.DENSE, queries, k))
+    assert answer.offsets.tolist() == [min(k, total) * q for q in range(13)]
+
+
+@pytest.mark.parametrize("k", [1, 5, 60, 500])
+def test_bm25_together_equals_each_shard_merged(shards, k):
+    held = list(enumerate(shards))
+    queries = ["moon", "moon tide", "salt salt wind", "nothing here", "lava ice bee honey", "the rain"]
+    answer = search_together(held, True, queries, k)
+    same(answer, per_shard_merge(held, Ranker.BM25, queries, k))
+    assert answer.count(3) == 0  # no term in the corpus
+
+
+def test_the_prefilter_path_is_taken_where_it_should_be(shards, monkeypatch):
+    total = sum(len(s) for s in shards)
+    assert total >= prefilter.MIN_ROWS or total < 300  # the fixtures: one on each path
+    calls = []
+    real = prefilter.Int8Prefilter.bounds
+    monkeypatch.setattr(prefilter.Int8Prefilter, "bounds", lambda self, q: calls.append(1) or real(self, q))
+    search_together(list(enumerate(shards)), False, np.ones((1, DIM), dtype=np.float32), 10)
+    assert len(calls) == (len(shards) if prefilter.usable(total, 10) else 0)
+
+
+def test_empty_and_missing_shards_are_left_out(shards):
+    held = [(0, None), *[(i + 1, s) for i, s in enumerate(shards)]]
+    answer = search_together(held, True, ["moon"], 5)
+    assert 0 not in answer.shards.tolist()
+    none = search_together([(0, None)], False, np.ones((2, DIM), dtype=np.float32), 5)
+    assert none.offsets.tolist() == [0, 0, 0]
