@@ -207,3 +207,37 @@ def test_searches_past_the_pending_limit_are_refused_at_once(tmp_path, model_dir
     assert [h.doc_id for h in first[1].hits][:1] == ["bees"]
     assert [h.doc_id for h in later.hits][:1] == ["tea"]  # served again once the two were answered
     assert (stats["pending"], stats["shed"]) == (0, 3)
+
+
+@pytest.mark.parametrize("local, bm25_problem, mode", [
+    (True, None, SearchMode.HYBRID), (True, "stats differ", SearchMode.DENSE),
+    (False, None, SearchMode.BM25), (False, "stats differ", None),
+])
+def test_a_replica_warms_up_with_one_search_before_its_first_request(setup, monkeypatch, local, bm25_problem, mode):
+    core, _ = setup
+    asked = []
+    answer = core._answer
+
+    async def spy(served, asks):
+        asked.extend(asks)
+        return await answer(served, asks)
+
+    monkeypatch.setattr(core, "_answer", spy)
+    monkeypatch.setattr(core, "served", retriever.Served(core.served.version, core.served.facts, bm25_problem))
+    monkeypatch.setattr(core.embedder, "provider", "local" if local else "openai")
+    core.solo = 5
+    asyncio.run(core._warm_up())
+    expected = [] if mode is None else [retriever.Ask("warm up", mode, ResultLevel.DOCUMENT, 1)]
+    assert asked == expected
+    assert core.solo == (5 if mode is None else 0)
+
+
+def test_a_failed_warm_up_is_logged_and_the_replica_still_starts(setup, monkeypatch, caplog):
+    core, _ = setup
+
+    async def broken(served, asks):
+        raise RuntimeError("no disk")
+
+    monkeypatch.setattr(core, "_answer", broken)
+    asyncio.run(core._warm_up())
+    assert "the warm-up search failed: no disk" in caplog.text
