@@ -252,7 +252,6 @@ class Settings(BaseSettings):
     def indexes_dir(self) -> Path:
         return self.home / "indexes"
 
-
     # Resolution into the parameter objects each stage takes (see Params).
     def sparse_params(self) -> SparseParams:
         return SparseParams(k1=self.bm25_k1, b=self.bm25_b, stemmer=self.bm25_stemmer, stopwords=self.bm25_stopwords)
@@ -275,8 +274,8 @@ class Settings(BaseSettings):
             embedder=EmbedderParams(
                 provider=self.embedding_provider, models_dir=self.models_dir,
                 max_length=self.embedding_max_length, batch_size=self.embedding_batch_size,
-                threads=self.num_threads, spinning=self.ort_spinning, openai=openai,
-                solo_threads=self.solo_threads,
+                threads=self.num_threads, spinning=self.ort_spinning, solo_threads=self.solo_threads,
+                openai=openai,
             ),
             index=IndexParams(
                 chunking=ChunkingParams(chunk_size=self.chunk_size, chunk_overlap=self.chunk_overlap),

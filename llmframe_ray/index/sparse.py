@@ -213,8 +213,11 @@ class SparseIndex:
 
     def term_ids(self, query: str) -> list[int]:
         """The query's terms that occur in the corpus, as vocabulary ids (repeats kept)."""
+        return self._vocab_ids(self.analyzer.terms(query))
+
+    def _vocab_ids(self, terms: Sequence[str]) -> list[int]:
         vocab = self._bm25.vocab_dict
-        return [vocab[t] for t in self.analyzer.terms(query) if t in vocab]
+        return [vocab[t] for t in terms if t in vocab]
 
     def search(self, queries: Sequence[str], k: int) -> list[list[tuple[int, float]]]:
         """Per query, up to `k` (row, score) pairs with a positive score, best first.
@@ -237,8 +240,7 @@ class SparseIndex:
         analysed into `terms` (by this index's analyzer, or one with the same `key`)."""
         matrix = self._bm25.scores
         data, indices, indptr = (np.asarray(matrix[key]) for key in ("data", "indices", "indptr"))
-        vocab = self._bm25.vocab_dict
-        ids = np.asarray([vocab[t] for t in terms if t in vocab], dtype=np.int64)
+        ids = np.asarray(self._vocab_ids(terms), dtype=np.int64)
         return bm25_top(data, indices, indptr, len(self), ids, min(k, len(self)))
 
     def stats(self) -> CorpusStats:

@@ -196,8 +196,7 @@ class RetrieverCore:
                 vectors = np.stack([encoded[i] for i in live]).astype(np.float32, copy=False)
         if live:
             sizes = [f.size for f in served.facts]
-            together = self.together
-            plan = retrieval_plan([asks[i].query for i in live], mode, level, top_k, sizes, self.fusion, vectors, together)
+            plan = retrieval_plan([asks[i].query for i in live], mode, level, top_k, sizes, self.fusion, vectors, self.together)
             backend = _Backend(self, served.version)
             try:
                 hits = await run_plan_async(plan, backend)
@@ -209,7 +208,7 @@ class RetrieverCore:
                     results = []
                     for j, i in enumerate(live):
                         one = None if vectors is None else vectors[j : j + 1]
-                        alone = retrieval_plan([asks[i].query], mode, level, top_k, sizes, self.fusion, one, together)
+                        alone = retrieval_plan([asks[i].query], mode, level, top_k, sizes, self.fusion, one, self.together)
                         try:
                             results.append(Retrieved(served.version, (await run_plan_async(alone, backend))[0]))
                         except Exception as failed:
