@@ -211,6 +211,10 @@ class DenseIndex:
             self._prefilter = prefilter.Int8Prefilter.of(self._index)
         return self._prefilter
 
+    def flat_index(self) -> faiss.IndexFlat | None:
+        """The FAISS flat index behind a flat DenseIndex (None for an ANN one)."""
+        return self._index if self.params.kind is DenseIndexKind.FLAT else None
+
     def _exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         n = len(self)
         out_scores = np.empty((len(queries), k), dtype=np.float32)

@@ -22,6 +22,8 @@ On SciFact (9,981 chunks) a query at k = 401 rescored ~535 candidates.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import faiss
 import numpy as np
 from numba import njit
@@ -39,31 +41,46 @@ def usable(n_rows: int, k: int) -> bool:
 
 
 class Int8Prefilter:
-    """Codes and error bounds of a flat index's vectors, for `top_k`; build with `of`."""
+    """Codes and error bounds of flat indexes' vectors, for `top_k`; build with `of`.
 
-    def __init__(self, vectors: np.ndarray, block: int = 1 << 16) -> None:
-        n, d = vectors.shape
-        self._vectors = vectors  # float32 (n, d), C order: the index's own storage
-        self._lo = vectors.min(axis=0).astype(np.float64)
-        span = vectors.max(axis=0).astype(np.float64) - self._lo
+    Several indexes (the shards one process searches as one, retrieve/joint.py) can share one
+    prefilter: their rows are numbered one after another (`offsets`), quantised with one range
+    per dimension, and scanned in one pass, so a query pays for one scan and one threshold
+    however many shards there are. Rescoring reads each row from its own index's storage.
+    """
+
+    def __init__(self, vectors: np.ndarray | Sequence[np.ndarray], block: int = 1 << 16) -> None:
+        parts = [vectors] if isinstance(vectors, np.ndarray) else list(vectors)
+        d = parts[0].shape[1]
+        self._parts = parts  # float32 (n_i, d), C order: the indexes' own storage
+        self._owners: tuple[faiss.IndexFlat, ...] = ()  # what `of` made views of
+        self.offsets = np.cumsum([0, *(len(v) for v in parts)], dtype=np.int64)
+        n = int(self.offsets[-1])
+        live = [v for v in parts if len(v)]
+        self._lo = np.min([v.min(axis=0) for v in live], axis=0).astype(np.float64) if live else np.zeros(d)
+        top = np.max([v.max(axis=0) for v in live], axis=0).astype(np.float64) if live else np.zeros(d)
+        span = top - self._lo
         self._step = np.where(span > 0, span / 255.0, 1.0)
         self._codes = np.empty((n, d), dtype=np.uint8)
         residual = np.empty(n, dtype=np.float64)
         norms = np.empty(n, dtype=np.float64)
-        for start in range(0, n, block):  # float64 work in blocks: 10^6 x 384 at once is 3 GB
-            wide = vectors[start : start + block].astype(np.float64)
-            codes = np.clip(np.rint((wide - self._lo) / self._step), 0, 255)
-            self._codes[start : start + block] = codes
-            residual[start : start + block] = np.linalg.norm(wide - (self._lo + self._step * codes), axis=1)
-            norms[start : start + block] = np.linalg.norm(wide, axis=1)
+        for part, offset in zip(parts, self.offsets.tolist()):
+            for start in range(0, len(part), block):  # float64 work in blocks: 10^6 x 384 at once is 3 GB
+                wide = part[start : start + block].astype(np.float64)
+                at = slice(offset + start, offset + start + len(wide))
+                codes = np.clip(np.rint((wide - self._lo) / self._step), 0, 255)
+                self._codes[at] = codes
+                residual[at] = np.linalg.norm(wide - (self._lo + self._step * codes), axis=1)
+                norms[at] = np.linalg.norm(wide, axis=1)
         self._row_bound = residual * (1.0 + 1e-12) + _gamma(d + 1) * norms
         self._max_norm = float(norms.max()) if n else 0.0
 
     @classmethod
-    def of(cls, index: faiss.IndexFlat) -> Int8Prefilter:
-        n, d = int(index.ntotal), int(index.d)
-        vectors = faiss.rev_swig_ptr(index.get_xb(), n * d).reshape(n, d)
-        return cls(vectors)
+    def of(cls, *indexes: faiss.IndexFlat) -> Int8Prefilter:
+        """The prefilter of one flat index, or of several numbered one after another."""
+        made = cls([_stored(index) for index in indexes])
+        made._owners = indexes  # the arrays are views of their storage: keep it alive
+        return made
 
     def top_k(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The exact best `k` rows for one float32 query: (scores float32, rows int64)."""
@@ -97,22 +114,39 @@ class Int8Prefilter:
         return center, bound
 
     def rescore(self, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """FAISS's own float32 scores of `rows` (int64) for one query."""
+        """FAISS's own float32 scores of `rows` (int64, ascending where there are several
+        parts) for one query."""
         d = self._codes.shape[1]
         scores = np.empty(len(rows), dtype=np.float32)
         query = np.ascontiguousarray(query, dtype=np.float32)
+        if len(self._parts) == 1:
+            local = [(self._parts[0], rows, 0)]
+        else:
+            cuts = np.searchsorted(rows, self.offsets).tolist()
+            local = [
+                (part, rows[cuts[i] : cuts[i + 1]] - self.offsets[i], cuts[i])
+                for i, part in enumerate(self._parts) if cuts[i + 1] > cuts[i]
+            ]
         # One query is one OpenMP iteration: run it without a parallel region, whose idle
         # threads spin on the other core after it (they slowed the next encode by half here).
         threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)  # the calling thread's setting only
         try:
-            faiss.fvec_inner_products_by_idx(
-                faiss.swig_ptr(scores), faiss.swig_ptr(query), faiss.swig_ptr(self._vectors),
-                faiss.swig_ptr(rows), d, 1, len(rows),
-            )
+            for part, ids, at in local:
+                ids = np.ascontiguousarray(ids, dtype=np.int64)
+                faiss.fvec_inner_products_by_idx(
+                    faiss.swig_ptr(scores[at:]), faiss.swig_ptr(query), faiss.swig_ptr(part),
+                    faiss.swig_ptr(ids), d, 1, len(ids),
+                )
         finally:
             faiss.omp_set_num_threads(threads)
         return scores
+
+
+def _stored(index: faiss.IndexFlat) -> np.ndarray:
+    """A flat index's vectors, as the (n, d) float32 array it stores (no copy)."""
+    n, d = int(index.ntotal), int(index.d)
+    return faiss.rev_swig_ptr(index.get_xb(), n * d).reshape(n, d)
 
 
 def _gamma(n: int) -> float:

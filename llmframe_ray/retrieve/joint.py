@@ -3,9 +3,11 @@
 A plan that asks each of S shards for its own top k and then keeps the best k of the S k rows
 does S times the work it keeps. For an exact dense search through the int8 prefilter it is
 worse than that: k = 400 of a 2,500-row shard is a sixth of the shard, so nearly every row
-becomes a candidate to rescore. Searched together, the shards share one threshold: the k-th
-best lower bound over all their rows (index/prefilter.py), which leaves about as many
-candidates as one shard of the same size would. BM25 analyses the query once for all shards.
+becomes a candidate to rescore. Searched together, the shards share one prefilter
+(index/prefilter.py, made on first use and kept while the shards are loaded): their codes are
+scanned in one pass and cut at one threshold, the k-th best lower bound over all their rows,
+which leaves as many candidates as one index of their combined size would, at the cost of one
+scan. BM25 analyses the query once for all shards.
 
 The answer is the same as merging each shard's own top k and keeping k (candidates.py order
 rules: score desc, then document key, row, shard): within a shard those rules order rows as
@@ -15,11 +17,13 @@ a prefix of that shard's own top k.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
 
 from llmframe_ray.index import prefilter
+from llmframe_ray.index.dense import DenseIndex
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.retrieve.candidates import ShardAnswer, concat_keys
 
@@ -84,18 +88,37 @@ def _bm25(live: list[tuple[int, IndexShard]], queries: list[str], k: int) -> lis
 
 def _dense(live: list[tuple[int, IndexShard]], vectors: np.ndarray, k: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
     total = sum(len(shard) for _, shard in live)
-    codes = [shard.dense.int8_prefilter() for _, shard in live]
-    if any(c is None for c in codes) or not prefilter.usable(total, k):  # each shard on its own
+    codes = _shared_prefilter([shard.dense for _, shard in live]) if prefilter.usable(total, k) else None
+    if codes is None:  # each shard on its own
         per_shard = [shard.search_dense_arrays(vectors, min(k, len(shard))) for _, shard in live]
         return [[answers[q] for answers in per_shard] for q in range(len(vectors))]
     out = []
     for query in vectors:
-        bounds = [c.bounds(query) for c in codes]
-        lower = np.concatenate([center - bound for center, bound in bounds])
-        threshold = np.partition(lower, total - k)[total - k]
-        found = []
-        for c, (center, bound) in zip(codes, bounds):
-            rows = np.flatnonzero(center + bound >= threshold).astype(np.int64)
-            found.append((rows, c.rescore(query, rows)))
-        out.append(found)
+        center, bound = codes.bounds(query)
+        threshold = np.partition(center - bound, total - k)[total - k]
+        rows = np.flatnonzero(center + bound >= threshold).astype(np.int64)
+        scores = codes.rescore(query, rows)
+        cuts = np.searchsorted(rows, codes.offsets).tolist()
+        out.append([
+            (rows[cuts[i] : cuts[i + 1]] - codes.offsets[i], scores[cuts[i] : cuts[i + 1]]) for i in range(len(live))
+        ])
     return out
+
+
+# first dense index of a group -> (references to the group's dense indexes, their prefilter)
+_SHARED: weakref.WeakKeyDictionary[DenseIndex, tuple[tuple[weakref.ref, ...], prefilter.Int8Prefilter]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _shared_prefilter(indexes: list[DenseIndex]) -> prefilter.Int8Prefilter | None:
+    """One int8 prefilter over these flat indexes' rows, made on first use and kept while the
+    indexes live (None if any of them is not flat). Two threads making it at once is harmless."""
+    flats = [index.flat_index() for index in indexes]
+    if any(flat is None for flat in flats):
+        return None
+    kept = _SHARED.get(indexes[0])
+    if kept is None or len(kept[0]) != len(indexes) or any(ref() is not i for ref, i in zip(kept[0], indexes)):
+        kept = (tuple(weakref.ref(index) for index in indexes), prefilter.Int8Prefilter.of(*flats))
+        _SHARED[indexes[0]] = kept
+    return kept[1]

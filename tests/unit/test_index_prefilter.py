@@ -133,3 +133,22 @@ def test_a_loaded_memory_mapped_index_gives_the_same_answers(tmp_path):
         want_scores, want_rows = faiss_reference(vectors, query, 25)
         assert got_rows.tolist() == want_rows.tolist()
         assert got_scores.tobytes() == want_scores.tobytes()
+
+
+def test_several_indexes_share_one_prefilter_numbered_one_after_another():
+    rng = np.random.default_rng(9)
+    parts = [clustered(rng, 1400, 24), np.empty((0, 24), dtype=np.float32), clustered(rng, 900, 24, 3.0)]
+    vectors = np.concatenate(parts)
+    shared = Int8Prefilter.of(*(DenseIndex.build(p, DenseParams()).flat_index() for p in parts if len(p)))
+    assert Int8Prefilter(parts).offsets.tolist() == [0, 1400, 1400, 2300]
+    assert shared.offsets.tolist() == [0, 1400, 2300]
+    assert np.array_equal(shared._codes, Int8Prefilter(vectors)._codes)  # one range per dimension
+    for query in [vectors[1399], vectors[1400], *clustered(rng, 3, 24)]:
+        for k in (1, 40, 575):
+            scores, rows = shared.top_k(query, k)
+            want_scores, want_rows = faiss_reference(vectors, query, k)
+            assert rows.tolist() == want_rows.tolist()
+            assert scores.tobytes() == want_scores.tobytes()
+        rows = np.array([0, 5, 1399, 1400, 1401, 2299], dtype=np.int64)  # both sides of the seam
+        want, _ = faiss_reference(vectors[rows], query, len(rows))
+        assert sorted(shared.rescore(query, rows).tolist()) == sorted(want.tolist())

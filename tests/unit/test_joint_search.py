@@ -3,6 +3,8 @@ exactly what merging every shard's own top k gives (candidates.py order rules), 
 rankers, with ties at the cut, string and integer document keys, on the int8 prefilter's path
 and on the shard-by-shard path."""
 
+import gc
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -10,10 +12,12 @@ import pytest
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.index import prefilter
+from llmframe_ray.index.dense import DenseIndex
 from llmframe_ray.index.store import share_document_keys
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import publish_shards
 from llmframe_ray.retrieve.candidates import merge_parts
+from llmframe_ray.retrieve import joint
 from llmframe_ray.retrieve.joint import search_together
 from llmframe_ray.retrieve.plan import Ranker, search_shard
 from llmframe_ray.types import Chunk
@@ -90,7 +94,7 @@ def test_the_prefilter_path_is_taken_where_it_should_be(shards, monkeypatch):
     real = prefilter.Int8Prefilter.bounds
     monkeypatch.setattr(prefilter.Int8Prefilter, "bounds", lambda self, q: calls.append(1) or real(self, q))
     search_together(list(enumerate(shards)), False, np.ones((1, DIM), dtype=np.float32), 10)
-    assert len(calls) == (len(shards) if prefilter.usable(total, 10) else 0)
+    assert len(calls) == (1 if prefilter.usable(total, 10) else 0)  # one scan over every shard's rows
 
 
 def test_empty_and_missing_shards_are_left_out(shards):
@@ -99,3 +103,28 @@ def test_empty_and_missing_shards_are_left_out(shards):
     assert 0 not in answer.shards.tolist()
     none = search_together([(0, None)], False, np.ones((2, DIM), dtype=np.float32), 5)
     assert none.offsets.tolist() == [0, 0, 0]
+
+
+def test_a_group_makes_its_shared_prefilter_once_and_lets_it_go_with_its_shards(shards, monkeypatch):
+    made = []
+    real = prefilter.Int8Prefilter.of
+    monkeypatch.setattr(prefilter.Int8Prefilter, "of", lambda *indexes: made.append(len(indexes)) or real(*indexes))
+    group = [replace(s, dense=DenseIndex.build(s.dense.vectors(range(len(s))), s.dense.params)) for s in shards]
+    query = np.ones((1, DIM), dtype=np.float32)
+    if not prefilter.usable(sum(len(s) for s in shards), 10):  # too few rows: shard by shard, exact scans
+        search_together(list(enumerate(group)), False, query, 10)
+        assert made == []
+        return
+    first = search_together(list(enumerate(group)), False, query, 10)
+    again = search_together(list(enumerate(group)), False, query, 10)
+    assert made == [len(shards)]  # one prefilter over all of them, made once
+    assert again.rows.tolist() == first.rows.tolist()
+    search_together(list(enumerate(group[::-1])), False, query, 10)  # another group: its own
+    assert made == [len(shards), len(shards)]
+    assert all(s.dense._prefilter is None for s in group)  # no shard made one of its own
+    firsts = [weakref.ref(group[0].dense), weakref.ref(group[-1].dense)]
+    assert all(ref() in joint._SHARED for ref in firsts)
+    kept = len(joint._SHARED)
+    del group
+    gc.collect()
+    assert [ref() for ref in firsts] == [None, None] and len(joint._SHARED) == kept - 2
