@@ -221,6 +221,8 @@ def train_reranker_command(
     max_length: int = typer.Option(192, "--max-length", min=16, max=512),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Stop after this many steps."),
     layers: Optional[int] = typer.Option(None, "--layers", min=1, max=6, help="Keep this many of MiniLM's 6 layers (evenly spaced): a smaller, faster reranker. Default: all 6."),
+    teacher: Optional[Path] = typer.Option(None, "--teacher", help="A trained reranker folder whose scores of the training pairs are soft labels too (distillation)."),
+    distill_weight: float = typer.Option(0.5, "--distill-weight", min=0.0, max=1.0, help="With --teacher: the soft loss's share."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
     from llmframe_ray.train.reranker import TrainConfig
@@ -230,12 +232,12 @@ def train_reranker_command(
     params = settings.params()
     config = TrainConfig(
         epochs=epochs, seed=seed, negatives=negatives, max_length=max_length,
-        threads=settings.threads, max_steps=max_steps, layers=layers,
+        threads=settings.threads, max_steps=max_steps, layers=layers, distill_weight=distill_weight,
     )
     card = train_reranker(
         dataset, split, out, config, lambda line: typer.echo(line, err=True),
         embedder=params.embedder, index=params.index, indexes_dir=params.indexes_dir,
-        retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k,
+        retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k, teacher=teacher,
     )
     typer.echo(f"wrote {out}: {card['steps']} steps, {card['data']['groups']} groups")
     for name, figures in (card.get("validation") or {}).items():

@@ -56,6 +56,8 @@ class TrainConfig:
     threads: int = 2
     max_steps: int | None = None  # stop early (tests train a few steps only)
     layers: int | None = None  # keep this many of MiniLM's layers (evenly spaced, see kept_layers); None: all
+    distill_weight: float = 0.5  # with a teacher's scores (train/distill.py): share of the soft loss
+    distill_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "negatives", "mining_depth", "groups_per_step", "max_length", "threads"):
@@ -65,6 +67,11 @@ class TrainConfig:
             raise ValueError(f"negatives ({self.negatives}) cannot exceed mining_depth ({self.mining_depth})")
         if self.layers is not None and self.layers < 1:
             raise ValueError(f"layers must be >= 1, got {self.layers}")
+        if not 0 <= self.distill_weight <= 1 or self.distill_temperature <= 0:
+            raise ValueError(
+                f"distill_weight must be in [0, 1] and distill_temperature > 0, got "
+                f"{self.distill_weight} and {self.distill_temperature}"
+            )
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
 
@@ -75,6 +82,7 @@ class Group:
     query: str
     positive: str  # passage text
     negatives: tuple[str, ...]
+    teacher: tuple[float, ...] = ()  # a teacher's scores of (positive, *negatives), when distilling
 
 
 @dataclass
@@ -131,8 +139,14 @@ def train(
 ) -> TrainReport:
     """Train on `groups` and write the model folder `out_dir` (fp32 + int8 ONNX, tokenizer, card)."""
     import torch
+
+    from llmframe_ray.train.distill import distill_loss
+
     if not groups:
         raise ValueError("no training groups: every judged query lacked positives or negatives")
+    distilled = {bool(g.teacher) for g in groups}
+    if len(distilled) > 1:
+        raise ValueError("either every training group carries teacher scores or none does")
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD_FILE).is_file():
         raise FileExistsError(f"{out_dir} exists and is not a reranker folder; refusing to overwrite it")
@@ -184,7 +198,9 @@ def train(
                 "token_type_ids": torch.tensor([e.type_ids for e in enc], dtype=torch.long),
             }
             logits = model(**inputs).logits.view(len(batch), 1 + config.negatives)
-            loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
+            teacher = torch.tensor([g.teacher for g in batch], dtype=torch.float32) if True in distilled else None
+            labels = torch.zeros(len(batch), dtype=torch.long)
+            loss = distill_loss(logits, labels, teacher, config.distill_weight, config.distill_temperature)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)

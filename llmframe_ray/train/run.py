@@ -17,6 +17,7 @@ from llmframe_ray.models.embedder import EmbedderParams, load_embedder
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
+from llmframe_ray.train.distill import check_teacher_split, teacher_card, teacher_scores
 from llmframe_ray.train.reranker import Log, TrainConfig, build_groups, split_queries, train
 from llmframe_ray.types import Hit, SearchMode
 
@@ -85,8 +86,11 @@ def train_reranker(
     indexes_dir: Path,
     retrieval: RetrievalParams,
     rerank_rrf_k: int,
+    teacher: Path | None = None,
 ) -> dict:
-    """Train a reranker on `split` of a BEIR folder; return the model card written."""
+    """Train a reranker on `split` of a BEIR folder; return the model card written. With a
+    `teacher` (a reranker folder), its scores of every training pair are soft labels too
+    (train/distill.py)."""
     if split == "test":
         raise DatasetError("refusing to train on test judgments; use a training split (e.g. --split train)")
     out_dir = Path(out_dir)
@@ -101,6 +105,10 @@ def train_reranker(
         for qid, ranked in run_mode(pipeline, subset(dataset, train_ids), SearchMode.HYBRID, config.mining_depth).items()
     }
     groups = build_groups(dataset, train_ids, candidates, config)
+    if teacher is not None:
+        groups = teacher_scores(teacher, groups, config.threads, log)
+        teacher_info = teacher_card(teacher)
+        check_teacher_split(teacher_info, read_card(teacher), dataset.name, config, log)
     log(f"training on {len(groups)} groups (1 positive + {config.negatives} negatives each)")
     card = {
         "name": out_dir.name,
@@ -116,6 +124,8 @@ def train_reranker(
             "negatives": f"hybrid top {config.mining_depth} minus every document judged for the query",
         },
     }
+    if teacher is not None:
+        card["teacher"] = {**teacher_info, "weight": config.distill_weight, "temperature": config.distill_temperature}
     report = train(groups, out_dir, config, card, log)
     log(f"trained {report.steps} steps in {report.seconds:.0f}s; exported to {out_dir}")
     if val_ids:

@@ -234,3 +234,86 @@ def test_a_smaller_reranker_keeps_the_chosen_layers_end_to_end(dataset_dir, sett
     pairs = [("why do tides happen", t) for t in TOPICS.values()]
     assert CrossEncoder(out).score_pairs(pairs).shape == (len(pairs),)
     assert not np.allclose(CrossEncoder(out).score_pairs(pairs), CrossEncoder(six).score_pairs(pairs))
+
+
+def test_a_student_distilled_from_a_teacher_records_it_and_learns_from_its_scores(dataset_dir, settings, tmp_path, trained, monkeypatch):
+    """--teacher M: every training pair is scored by the teacher once, the card names the
+    teacher (and its weights' digest), a different soft-loss weight gives a different student,
+    and a student inherits its teacher's training data in the eval's leak check."""
+    import hashlib
+
+    from llmframe_ray.train import distill
+
+    teacher, _ = trained
+    seen: list[int] = []
+    real = distill.teacher_scores
+
+    def counted(teacher_dir, groups, threads, log):
+        out = real(teacher_dir, groups, threads, log)
+        seen.extend(len(g.teacher) for g in out)
+        want = CrossEncoder(teacher_dir).score_pairs([(out[0].query, p) for p in (out[0].positive, *out[0].negatives)])
+        assert out[0].teacher == tuple(want.tolist())
+        return out
+
+    lines: list[str] = []
+    student = tmp_path / "student"
+    config = replace(CONFIG, layers=2, max_steps=3)
+    monkeypatch.setattr("llmframe_ray.train.run.teacher_scores", counted)
+    card = train_reranker(dataset_dir, "train", student, config, lines.append, teacher=teacher, **train_params(settings))
+    assert seen == [1 + CONFIG.negatives] * card["data"]["groups"]
+    assert any(line.startswith("teacher tiny-reranker: scoring 12 pairs") for line in lines)
+    assert card["teacher"]["name"] == "tiny-reranker" and card["teacher"]["layers"] == [0, 1, 2, 3, 4, 5]
+    assert card["teacher"]["model_sha256"] == hashlib.sha256((teacher / "model.onnx").read_bytes()).hexdigest()
+    assert (card["teacher"]["weight"], card["teacher"]["temperature"]) == (0.5, 1.0)
+    assert not any("warning" in line for line in lines)  # same seed and held-out share as the teacher
+
+    hard_only = train_reranker(
+        dataset_dir, "train", tmp_path / "hard", replace(config, distill_weight=0.0), lambda line: None,
+        teacher=teacher, **train_params(settings),
+    )
+    assert hard_only["loss_curve"] != card["loss_curve"]
+
+    student_card = dict(read_card(student), data={"dataset": "elsewhere", "split": "train"})
+    check_reranker_data(student_card, load_beir(dataset_dir, "test"))
+    with pytest.raises(ModelError, match="trained on tiny-beir0/qrels/train.tsv"):
+        check_reranker_data(student_card, load_beir(dataset_dir, "train"))  # through its teacher
+
+
+def test_distill_loss_mixes_the_judgments_with_the_teachers_order():
+    import torch
+
+    from llmframe_ray.train.distill import distill_loss
+
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.5, 1.5, -1.0]])
+    labels = torch.zeros(2, dtype=torch.long)
+    hard = torch.nn.functional.cross_entropy(logits, labels)
+    assert torch.equal(distill_loss(logits, labels, None, 0.5, 1.0), hard)
+    assert torch.equal(distill_loss(logits, labels, logits * 3, 0.0, 1.0), hard)
+    # a teacher that orders the group as the student does, at the same scale: no soft loss
+    assert torch.allclose(distill_loss(logits, labels, logits.clone(), 0.25, 1.0), 0.75 * hard)
+    # the soft term is T^2 KL(teacher || student), averaged over groups
+    teacher = torch.tensor([[0.0, 3.0, 0.0], [1.0, 1.0, 1.0]])
+    t = 2.0
+    p = torch.softmax(teacher / t, 1)
+    kl = (p * (torch.log(p) - torch.log_softmax(logits / t, 1))).sum(1).mean()
+    assert torch.allclose(distill_loss(logits, labels, teacher, 1.0, t), t * t * kl)
+    student = logits.clone().requires_grad_(True)
+    distill_loss(student, labels, teacher, 1.0, 1.0).backward()
+    assert student.grad[0, 1] < 0 and student.grad[0, 0] > 0  # pushed towards the teacher's favourite
+
+
+def test_a_teacher_trained_with_another_hold_out_is_named_in_a_warning():
+    from llmframe_ray.train.distill import check_teacher_split
+
+    lines: list[str] = []
+    info = {"data": {"dataset": "scifact"}}
+    check_teacher_split(info, {"config": {"seed": 13, "validation_fraction": 0.1}}, "scifact", TrainConfig(seed=13), lines.append)
+    check_teacher_split(info, {"config": {"seed": 13, "validation_fraction": 0.1}}, "nfcorpus", TrainConfig(seed=5), lines.append)
+    assert lines == []
+    check_teacher_split(info, {"config": {"seed": 13, "validation_fraction": 0.1}}, "scifact", TrainConfig(seed=5), lines.append)
+    assert lines == [
+        "warning: the teacher was trained on scifact with seed 13 and validation share 0.1; this run "
+        "holds out other queries, so its validation figures include queries the teacher was trained on"
+    ]
+    with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\] and distill_temperature > 0, got 1.5 and 1.0"):
+        TrainConfig(distill_weight=1.5)
