@@ -223,6 +223,8 @@ def train_reranker_command(
     layers: Optional[int] = typer.Option(None, "--layers", min=1, max=6, help="Keep this many of MiniLM's 6 layers (evenly spaced): a smaller, faster reranker. Default: all 6."),
     teacher: Optional[Path] = typer.Option(None, "--teacher", help="A trained reranker folder whose scores of the training pairs are soft labels too (distillation)."),
     distill_weight: float = typer.Option(0.5, "--distill-weight", min=0.0, max=1.0, help="With --teacher: the soft loss's share."),
+    synthetic: bool = typer.Option(False, "--synthetic", help="No judgments: train on pseudo-queries made from the corpus (sentences of its documents); --split is not read."),
+    synthetic_queries: int = typer.Option(1000, "--synthetic-queries", min=1, help="With --synthetic: how many pseudo-queries."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
     from llmframe_ray.train.reranker import TrainConfig
@@ -238,6 +240,7 @@ def train_reranker_command(
         dataset, split, out, config, lambda line: typer.echo(line, err=True),
         embedder=params.embedder, index=params.index, indexes_dir=params.indexes_dir,
         retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k, teacher=teacher,
+        synthetic_queries=synthetic_queries if synthetic else None,
     )
     typer.echo(f"wrote {out}: {card['steps']} steps, {card['data']['groups']} groups")
     for name, figures in (card.get("validation") or {}).items():

@@ -90,3 +90,23 @@ def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
         corpus_sha256=describe_file(root / "corpus.jsonl")["sha256"],
         qrels_sha256=describe_file(qrels_path)["sha256"],
     )
+
+
+def load_corpus(path: str | Path) -> BeirDataset:
+    """A BEIR folder's corpus alone (no queries, no judgments needed): for training from
+    pseudo-queries (train/synthetic.py)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise DatasetError(f"dataset folder {root} does not exist")
+    if not (root / "corpus.jsonl").is_file():
+        raise DatasetError(f"dataset folder {root} has no corpus.jsonl")
+    return BeirDataset(
+        name=root.resolve().name,
+        path=root,
+        split="corpus",
+        corpus=tuple(_read_records(root / "corpus.jsonl")),
+        queries=MappingProxyType({}),
+        qrels=MappingProxyType({}),
+        corpus_sha256=describe_file(root / "corpus.jsonl")["sha256"],
+        qrels_sha256="",
+    )

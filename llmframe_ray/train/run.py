@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from llmframe_ray.errors import DatasetError
-from llmframe_ray.eval.beir import BeirDataset, load_beir
+from llmframe_ray.eval.beir import BeirDataset, load_beir, load_corpus
 from llmframe_ray.eval.runner import cached_index, run_mode
 from llmframe_ray.eval.trec import score_run, write_run
 from llmframe_ray.index import atomic
@@ -18,6 +19,7 @@ from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.train.distill import check_teacher_split, teacher_card, teacher_scores
+from llmframe_ray.train.synthetic import MAX_WORDS, MIN_WORDS, synthetic_dataset, without_sentences
 from llmframe_ray.train.reranker import Log, TrainConfig, build_groups, split_queries, train
 from llmframe_ray.types import Hit, SearchMode
 
@@ -25,7 +27,6 @@ VALIDATION_DEPTH = 30
 
 
 def subset(dataset: BeirDataset, qids: list[str]) -> BeirDataset:
-    from dataclasses import replace
     from types import MappingProxyType
 
     keep = set(qids)
@@ -87,14 +88,23 @@ def train_reranker(
     retrieval: RetrievalParams,
     rerank_rrf_k: int,
     teacher: Path | None = None,
+    synthetic_queries: int | None = None,
 ) -> dict:
     """Train a reranker on `split` of a BEIR folder; return the model card written. With a
     `teacher` (a reranker folder), its scores of every training pair are soft labels too
-    (train/distill.py)."""
-    if split == "test":
-        raise DatasetError("refusing to train on test judgments; use a training split (e.g. --split train)")
+    (train/distill.py). With `synthetic_queries`, no judgments are read: that many
+    pseudo-queries made from the corpus are the training data (train/synthetic.py), and there
+    is no validation (the eval harness on real queries is the measure)."""
     out_dir = Path(out_dir)
-    dataset = load_beir(dataset_dir, split)
+    positives = None
+    if synthetic_queries is not None:
+        dataset, positives = synthetic_dataset(load_corpus(dataset_dir), synthetic_queries, config.seed)
+        config = replace(config, validation_fraction=0.0)  # held-out pseudo-queries would be found by their own words
+        log(f"{len(dataset.queries)} pseudo-queries from {dataset.name}'s documents (no judgments read)")
+    elif split == "test":
+        raise DatasetError("refusing to train on test judgments; use a training split (e.g. --split train)")
+    else:
+        dataset = load_beir(dataset_dir, split)
     model = load_embedder(embedder)
     log(f"index of {dataset.name} ({len(dataset.corpus)} documents): building or reusing the cache")
     pipeline = Pipeline.open(cached_index(dataset, index, model, indexes_dir), model, retrieval)
@@ -105,6 +115,8 @@ def train_reranker(
         for qid, ranked in run_mode(pipeline, subset(dataset, train_ids), SearchMode.HYBRID, config.mining_depth).items()
     }
     groups = build_groups(dataset, train_ids, candidates, config)
+    if positives is not None:
+        groups = without_sentences(groups, positives)
     if teacher is not None:
         groups = teacher_scores(teacher, groups, config.threads, log)
         teacher_info = teacher_card(teacher)
@@ -115,7 +127,7 @@ def train_reranker(
         "kind": "cross-encoder reranker (MiniLM over the pair; per-segment mean pooling; scaled cosine + interaction head; 1 logit)",
         "data": {
             "dataset": dataset.name,
-            "split": split,
+            "split": dataset.split,
             "qrels_sha256": dataset.qrels_sha256,
             "corpus_sha256": dataset.corpus_sha256,
             "train_queries": len(train_ids),
@@ -124,6 +136,12 @@ def train_reranker(
             "negatives": f"hybrid top {config.mining_depth} minus every document judged for the query",
         },
     }
+    if positives is not None:
+        card["data"]["pseudo_queries"] = (
+            f"one sentence ({MIN_WORDS}-{MAX_WORDS} words, not the title) of each of {len(dataset.queries)} documents "
+            f"sampled with seed {config.seed}; the positive is its document without that sentence; no judgments used"
+        )
+        card["data"]["negatives"] = f"hybrid top {config.mining_depth} for the pseudo-query minus its source document"
     if teacher is not None:
         card["teacher"] = {**teacher_info, "weight": config.distill_weight, "temperature": config.distill_temperature}
     report = train(groups, out_dir, config, card, log)
