@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--depths", default="10,20,30,40,50")
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "eval" / "scifact"))
     parser.add_argument("--split", default="train")
+    parser.add_argument("--batch-size", type=int, default=32, help="pairs per ONNX Runtime call")
     parser.add_argument("--rrf-k", type=int, default=None, help="default: LLMFRAME_RERANKER_RRF_K")
     args = parser.parse_args()
     if args.split == "test":
@@ -74,7 +75,7 @@ def main() -> None:
     for model in args.model:
         for precision in args.precision or ["fp32", "int8"]:
             for max_length in args.max_length or [None]:
-                encoder = CrossEncoder(Path(model), precision=precision, threads=settings.threads, max_length=max_length)
+                encoder = CrossEncoder(Path(model), precision=precision, threads=settings.threads, max_length=max_length, batch_size=args.batch_size)
                 started = time.perf_counter()
                 scores = {q: encoder.score(dataset.queries[q], [h.passage for h in hits[:deepest]]) for q, hits in hybrid.items()}
                 rate = sum(len(s) for s in scores.values()) / (time.perf_counter() - started)

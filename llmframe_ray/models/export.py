@@ -142,7 +142,12 @@ def export_encoder(source_dir: Path, target_dir: Path) -> Path:
 
 
 def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
-    """Dynamic int8 quantisation of the weights of MatMul / Gemm nodes (activations stay fp32)."""
+    """Dynamic int8 quantisation of MatMul / Gemm nodes: weights int8 with a scale per output
+    channel, inputs quantised at run time. On the 3-layer SciFact reranker's validation queries
+    (nDCG@10 at depth 20, fused / cross-encoder alone): fp32 0.7092 / 0.6775, per channel 0.7122
+    / 0.6789 (pairs run one by one, as models/cross_encoder.py runs int8), per tensor 0.7094 /
+    0.6592 (batches of 32); static quantisation with calibrated activation ranges (min-max,
+    percentile) gave 0.7016 / 0.6617 and 0.6963 / 0.6302 and ran slower. README "Reranking"."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=False)
+    quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=True)

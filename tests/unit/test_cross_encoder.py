@@ -90,6 +90,20 @@ def test_int8_is_close_to_fp32(model_folder):
     np.testing.assert_allclose(int8, fp32, atol=0.05)
 
 
+def test_an_int8_score_does_not_depend_on_the_batch_around_it(model_folder):
+    """Dynamic int8 scales a MatMul's input by the whole tensor's range: run as one batch, the
+    pairs' scores move with their neighbours. The encoder runs int8 pairs one by one, so a pair
+    scores the same alone, among others, and with 1 or 2 threads."""
+    two = CrossEncoder(model_folder, precision="int8", max_length=MAX_LENGTH, threads=2, batch_size=4)
+    one = CrossEncoder(model_folder, precision="int8", max_length=MAX_LENGTH, threads=1)
+    together = two.score_pairs(PAIRS)
+    alone = np.array([one.score_pairs([pair])[0] for pair in PAIRS])
+    assert together.tobytes() == alone.tobytes()
+    assert two.score_pairs(PAIRS[::-1]).tobytes() == together[::-1].tobytes()
+    as_one_batch = two.postprocess(two.run(two.tokenize_pairs(PAIRS)))
+    assert not np.array_equal(as_one_batch, together)  # what a batched run would have given
+
+
 def test_empty_candidate_list(model_folder):
     encoder = CrossEncoder(model_folder, max_length=MAX_LENGTH)
     assert encoder.score("q", []).shape == (0,)
