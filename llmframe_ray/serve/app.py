@@ -73,6 +73,9 @@ class AppArgs(BaseModel):
     shards_per_group: Optional[int] = Field(
         None, ge=1, description="Shards per ShardGroup deployment, both rankers each (default: all shards in one group)."
     )
+    reranker_threads: Optional[int] = Field(
+        None, ge=1, description="Model threads of each Reranker replica (default: LLMFRAME_NUM_THREADS, else its CPUs)."
+    )
     deployment_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description=(
@@ -96,7 +99,9 @@ def local_layout(index_dir: str, cpus: int, **fields: Any) -> AppArgs:
     replica, one replica per core with one model thread each, so that a request makes no hop
     between replicas (`llmframe-ray serve`, deployments/local.yaml). 0.4 CPU per replica leaves
     room for the Reranker's 1 CPU on a 2-CPU Ray (a replica that cannot be placed would keep
-    the app from starting)."""
+    the app from starting). The Reranker runs a thread per core all the same: while it
+    reranks, it is what the requests wait for (see README "Reranking", served)."""
+    fields.setdefault("reranker_threads", max(1, cpus))
     options = dict(fields.pop("deployment_options", {}))
     options.setdefault("Ingress", {"num_replicas": max(1, cpus), "ray_actor_options": {"num_cpus": 0.4}})
     return AppArgs(
@@ -175,7 +180,10 @@ def build_app(args: AppArgs) -> Application:
     encoder = params.embedder if args.encoder_in_retriever else deployment("QueryEncoder").bind(params.embedder)
     retriever_args = RetrieverArgs(encoder, placed, str(root), retrieval, params.index_watch_interval_s, settings.num_threads)
     retriever = retriever_args if args.retriever_in_ingress else deployment("Retriever").bind(retriever_args)
-    reranker = deployment("Reranker").bind(params.reranker_model, params.rerank.depth) if use_reranker else None
+    reranker_model = params.reranker_model
+    if args.reranker_threads is not None and reranker_model.threads is None:  # LLMFRAME_NUM_THREADS wins
+        reranker_model = reranker_model.with_threads(args.reranker_threads)
+    reranker = deployment("Reranker").bind(reranker_model, params.rerank.depth) if use_reranker else None
     generator = deployment("Generator").bind(params.providers, params.service.generation.prices)
     sessions = deployment("Sessions").bind(params.sessions)
 
