@@ -14,13 +14,13 @@ one's as T changes).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from llmframe_ray.models.cross_encoder import CARD_FILE, CrossEncoder, Precision, read_card
+from llmframe_ray.index.manifest import describe_file
+from llmframe_ray.models.cross_encoder import CrossEncoder, Precision, read_card
 from llmframe_ray.train.reranker import Group, Log, TrainConfig
 
 
@@ -44,16 +44,11 @@ def teacher_card(teacher_dir: Path) -> dict:
     """What the student's card records of its teacher: name, layers, its card's own data and a
     digest of its fp32 weights."""
     card = read_card(teacher_dir)
-    digest = hashlib.sha256()
-    with open(Path(teacher_dir) / "model.onnx", "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
     return {
         "name": card.get("name") or Path(teacher_dir).name,
         "layers": card.get("layers"),
         "data": card.get("data"),
-        "model_sha256": digest.hexdigest(),
-        "card": CARD_FILE if card else None,
+        "model_sha256": describe_file(Path(teacher_dir) / "model.onnx")["sha256"],
     }
 
 
