@@ -120,18 +120,16 @@ class Settings(BaseSettings):
     fusion_depth: int = Field(200, ge=1, le=10000, validation_alias=_env("FUSION_DEPTH"))
 
     # Reranking: a cross-encoder rescores the top `reranker_depth` hits
-    reranker_enabled: bool = Field(
-        False, validation_alias=_env("RERANKER_ENABLED", "RERANKER_ENABLED")
-    )
-    reranker_model: str = Field(
-        "cross-encoder/ms-marco-MiniLM-L-6-v2", validation_alias=_env("RERANKER_MODEL")
-    )
+    reranker_enabled: bool = Field(False, validation_alias=_env("RERANKER_ENABLED", "RERANKER_ENABLED"))
+    reranker_model: str = Field("cross-encoder/ms-marco-MiniLM-L-6-v2", validation_alias=_env("RERANKER_MODEL"))
     reranker_revision: str | None = Field(None, validation_alias=_env("RERANKER_REVISION"))
     reranker_onnx_file: str | None = Field(None, validation_alias=_env("RERANKER_ONNX_FILE"))
     reranker_precision: Precision = Field(Precision.FP32, validation_alias=_env("RERANKER_PRECISION"))
     reranker_depth: int = Field(50, ge=1, le=1000, validation_alias=_env("RERANKER_DEPTH"))
     reranker_batch_size: int = Field(32, ge=1, le=1024, validation_alias=_env("RERANKER_BATCH_SIZE"))
     reranker_max_length: int | None = Field(None, ge=8, le=512, validation_alias=_env("RERANKER_MAX_LENGTH"))
+    # (query, passage) scores kept per reranker, so a repeated query is not rescored; 0: none
+    reranker_cache_size: int = Field(20000, ge=0, le=10_000_000, validation_alias=_env("RERANKER_CACHE_SIZE"))
     # when the Reranker is down or too slow: answer in first-stage order with a warning (true)
     # or fail the request with 503 (false)
     reranker_fail_open: bool = Field(True, validation_alias=_env("RERANKER_FAIL_OPEN"))
@@ -299,7 +297,7 @@ class Settings(BaseSettings):
                 model=self.reranker_model, models_dir=self.models_dir, revision=self.reranker_revision,
                 onnx_file=self.reranker_onnx_file, precision=self.reranker_precision,
                 batch_size=self.reranker_batch_size, max_length=self.reranker_max_length,
-                threads=self.num_threads, spinning=self.ort_spinning,
+                threads=self.num_threads, spinning=self.ort_spinning, cache_size=self.reranker_cache_size,
             ),
             service=ServiceParams(
                 default_mode=default_mode,

@@ -110,6 +110,7 @@ class RerankerModelParams:
     max_length: int | None = None
     threads: int | None = None
     spinning: bool = True  # ONNX Runtime's idle threads spin-wait (runtime.create_session)
+    cache_size: int = 0  # (query, passage) scores kept (CrossEncoder: ScoreCache); 0: none
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision.from_str(self.precision))
@@ -143,4 +144,5 @@ def load_reranker(
         threads=available_threads(params.threads),
         spinning=params.spinning,
         prepacked_dir=Path(params.models_dir) / PREPACKED_DIR,
+        cache_size=params.cache_size,
     )

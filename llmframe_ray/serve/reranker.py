@@ -74,7 +74,9 @@ class Reranker:
             self._score_batch.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
 
     def batch_stats(self) -> dict[str, float]:
-        return self.stats.as_dict()
+        """Batch sizes, and the score cache's hits and misses (pairs) where it has one."""
+        cache = self.encoder.cache
+        return {**self.stats.as_dict(), **(cache.stats() if cache is not None else {})}
 
     def ready(self) -> str:
         return "ready"

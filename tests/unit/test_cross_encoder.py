@@ -10,7 +10,7 @@ import pytest
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.errors import ModelError
-from llmframe_ray.models.cross_encoder import CrossEncoder, rerank_order
+from llmframe_ray.models.cross_encoder import CrossEncoder, ScoreCache, rerank_order
 from llmframe_ray.models.export import bundled_minilm_path, export_graph, quantize_int8
 from llmframe_ray.models.sources import hub_target, load_reranker, resolve_model
 from llmframe_ray.retrieve.rerank import rerank_hits
@@ -102,6 +102,46 @@ def test_an_int8_score_does_not_depend_on_the_batch_around_it(model_folder):
     assert two.score_pairs(PAIRS[::-1]).tobytes() == together[::-1].tobytes()
     as_one_batch = two.postprocess(two.run(two.tokenize_pairs(PAIRS)))
     assert not np.array_equal(as_one_batch, together)  # what a batched run would have given
+
+
+def test_a_cached_score_is_the_models_and_skips_the_model(model_folder):
+    """A repeated pair comes from the cache: the same bytes as the model's score, and the
+    model sees only the pairs that are new."""
+    plain = CrossEncoder(model_folder, precision="int8", max_length=MAX_LENGTH)
+    cached = CrossEncoder(model_folder, precision="int8", max_length=MAX_LENGTH, threads=2, cache_size=100)
+    expected = plain.score_pairs(PAIRS)
+    run = cached.run
+    seen = []
+    cached.run = lambda batch: (seen.append(batch.input_ids.shape[0]), run(batch))[1]
+    assert cached.score_pairs(PAIRS[:2]).tobytes() == expected[:2].tobytes()
+    assert len(seen) == 2
+    assert cached.score_pairs(PAIRS).tobytes() == expected.tobytes()
+    assert len(seen) == len(PAIRS)  # the first two were not run again
+    assert cached.score_pairs(PAIRS[::-1]).tobytes() == expected[::-1].tobytes()
+    assert len(seen) == len(PAIRS)
+    assert cached.cache.stats() == {"cache_hits": 2 + len(PAIRS), "cache_misses": len(PAIRS), "cache_pairs": len(PAIRS)}
+    assert plain.cache is None
+
+
+def test_score_cache_drops_the_least_recently_used():
+    cache = ScoreCache(2)
+    a, b, c = ScoreCache.key("q", "a"), ScoreCache.key("q", "b"), ScoreCache.key("q", "c")
+    cache.put_many([a, b], [1.0, 2.0])
+    assert cache.get_many([a]) == [1.0]  # a is now more recent than b
+    cache.put_many([c], [3.0])
+    assert cache.get_many([a, b, c]) == [1.0, None, 3.0]
+    assert len(cache) == 2
+    # the query/passage boundary is part of the key
+    assert ScoreCache.key("ab", "c") != ScoreCache.key("a", "bc")
+    with pytest.raises(ValueError, match="at least 1 pair, got capacity 0"):
+        ScoreCache(0)
+
+
+def test_the_setting_sizes_the_served_cache(model_folder):
+    on = load_settings(reranker_model=str(model_folder)).params().reranker_model
+    off = load_settings(reranker_model=str(model_folder), reranker_cache_size=0).params().reranker_model
+    assert load_reranker(on).cache.capacity == 20000
+    assert load_reranker(off).cache is None
 
 
 def test_empty_candidate_list(model_folder):
