@@ -206,8 +206,10 @@ def eval_command(
     reports = evaluate(pipeline, data, modes, runs_dir)
     typer.echo(format_table(data, reports))
     if encoder is not None:
-        typer.echo(f"reranker: {encoder.model_dir} ({encoder.precision.value}, depth "
-                   f"{params.rerank.depth}, max length {encoder.max_length})")
+        similarity = pipeline.domain_similarity()
+        home = "set" if params.rerank.weight is not None else "unknown" if similarity is None else f"{similarity:.3f}"
+        typer.echo(f"reranker: {encoder.model_dir} ({encoder.precision.value}, depth {params.rerank.depth}, max length "
+                   f"{encoder.max_length}, fusion weight {pipeline.rerank_weight:.3f}; domain similarity {home})")
 
 
 @app.command("train-reranker")

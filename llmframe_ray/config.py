@@ -136,6 +136,8 @@ class Settings(BaseSettings):
     reranker_fusion: RerankFusion = Field(RerankFusion.RRF, validation_alias=_env("RERANKER_FUSION"))
     # RRF k of the cross-encoder's order with the first stage's; chosen on SciFact train (README)
     reranker_rrf_k: int = Field(20, ge=0, validation_alias=_env("RERANKER_RRF_K"))
+    # the cross-encoder's weight in that RRF; unset: by its distance from its training corpus
+    reranker_weight: float | None = Field(None, ge=0, le=100, validation_alias=_env("RERANKER_WEIGHT"))
 
     # Ingestion job (Ray Data)
     ingest_batch_size: int = Field(256, ge=1, le=65536, validation_alias=_env("INGEST_BATCH_SIZE"))
@@ -265,7 +267,7 @@ class Settings(BaseSettings):
             )
         rerank = RerankParams(
             enabled=self.reranker_enabled, depth=self.reranker_depth, fusion=self.reranker_fusion,
-            rrf_k=self.reranker_rrf_k,
+            rrf_k=self.reranker_rrf_k, weight=self.reranker_weight,
         )
         default_mode = SearchMode.HYBRID if self.hybrid_search_enabled else SearchMode.DENSE
         return Params(

@@ -88,6 +88,8 @@ class Stages(Protocol):
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]: ...
 
+    async def rerank_similarity(self, version: str) -> float | None: ...  # index/domain.py
+
     async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion: ...
 
     def generate_stream(
@@ -157,6 +159,7 @@ class RagService:
         self.stages = stages
         self.params = params
         self.prices = PriceTable.from_json(params.generation.prices)
+        self._rerank_weights: dict[str, float] = {}  # by index version
 
     @property
     def default_mode(self) -> SearchMode:
@@ -338,6 +341,20 @@ class RagService:
                 prompt = system + "".join(m.content for m in messages)
                 await self._charge_tokens(owner, estimate_tokens(prompt) + estimate_tokens("".join(parts)))
 
+    async def _rerank_weight(self, version: str) -> float:
+        """The cross-encoder's fusion weight for this index version: set, or by its domain
+        similarity (retrieve/rerank.py), asked once per version; far when that cannot be had."""
+        if self.params.rerank.weight is not None:
+            return self.params.rerank.weight
+        if version not in self._rerank_weights:
+            try:
+                similarity = await self.stages.rerank_similarity(version)
+            except Exception as exc:  # noqa: BLE001 - the safe weight, asked again next time
+                logger.warning("reranker fusion weight for version %s: domain unknown (%s)", version, exc)
+                return self.params.rerank.weight_for(None)
+            self._rerank_weights[version] = self.params.rerank.weight_for(similarity)
+        return self._rerank_weights[version]
+
     async def _history(self, session_id: str | None) -> list[Message]:
         return [] if session_id is None else await self.stages.session_history(session_id)
 
@@ -377,7 +394,7 @@ class RagService:
                 logger.warning("answering without reranking: %s", exc)
                 rerank, warnings = False, (RERANK_SKIPPED,)
             else:
-                hits = steps.apply(text, hits, scores)
+                hits = steps.apply(text, hits, scores, weight=await self._rerank_weight(retrieved.version))
             timings["rerank"] = _ms(start)
         return Ranked(retrieved.version, search_mode, rerank, hits[:top_k], _with_total(timings), warnings)
 

@@ -112,7 +112,7 @@ def run_reranked(
         query = dataset.queries[qid]
         scores = pipeline.reranker.score(query, steps.passages(hits))
         for mode, fusion in ((EvalMode.RERANK, None), (EvalMode.RERANK_CE, RerankFusion.NONE)):
-            ranked = steps.apply(query, hits, scores, fusion)
+            ranked = steps.apply(query, hits, scores, fusion, pipeline.rerank_weight)
             out[mode][qid] = [(h.doc_id, h.score) for h in ranked]
     return out
 

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from llmframe_ray.errors import IndexLoadError, ModelError
+from llmframe_ray.index.domain import centroid, similarity
 from llmframe_ray.index.params import check_model
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.store import share_document_keys
@@ -62,6 +63,14 @@ class Pipeline:
         self.bm25_problem = bm25_consistency_problem([ShardFacts.of(s) for s in self.shards])
         if embedder is not None:
             check_model(self.shards[0].manifest.model, embedder.info())
+        self.rerank_weight = self.rerank.weight_for(self.domain_similarity()) if reranker is not None else 1.0
+
+    def domain_similarity(self) -> float | None:
+        """Cosine of the reranker's training-corpus centroid and these shards' (index/domain.py);
+        None without a reranker, a centroid in its card, or a weight set (nothing to decide)."""
+        if self.reranker is None or self.rerank.weight is not None or "domain" not in getattr(self.reranker, "card", {}):
+            return None
+        return similarity(self.reranker.card, centroid(self.shards), self.shards[0].manifest.model)
 
     @classmethod
     def open(
@@ -124,7 +133,8 @@ class Pipeline:
         results = self.first_stage(checked, mode, self.rerank.wanted(top_k, rerank), level)
         if rerank:
             results = [
-                self.rerank.apply(q, hits, self.reranker.score(q, self.rerank.passages(hits))) if hits else hits
+                self.rerank.apply(q, hits, self.reranker.score(q, self.rerank.passages(hits)), weight=self.rerank_weight)
+                if hits else hits
                 for q, hits in zip(checked, results)
             ]
         return [hits[:top_k] for hits in results]

@@ -6,12 +6,14 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 
+import numpy as np
 from ray import serve
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from llmframe_ray.errors import LLMFrameError
+from llmframe_ray.index.domain import similarity
 from llmframe_ray.retrieve.plan import ResultLevel
 from llmframe_ray.api.auth import ApiKeys
 from llmframe_ray.api.http import create_app
@@ -79,6 +81,15 @@ class ServeStages:
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
         return await self._call("reranker", lambda: self.reranker.score.remote(query, passages))
+
+    async def rerank_similarity(self, version: str) -> float | None:
+        """The Reranker's card against the version's centroid (the Retriever reads it from disk)."""
+        card = await self._call("reranker", lambda: self.reranker.card.remote())
+        if isinstance(self.retriever, RetrieverCore):
+            vector, model = await self.retriever.domain_centroid(version)
+        else:
+            vector, model = await self._call("retriever", lambda: self.retriever.domain_centroid.remote(version))
+        return similarity(card, None if vector is None else np.asarray(vector, dtype=np.float32), model)
 
     async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion:
         # retried only when the replica died; provider failures were handled by the chain

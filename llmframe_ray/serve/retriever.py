@@ -31,6 +31,7 @@ from ray.serve.handle import DeploymentHandle
 
 from llmframe_ray.api.service import Retrieved, StageUnavailableError
 from llmframe_ray.errors import IndexLoadError, ModelError
+from llmframe_ray.index.domain import version_centroid
 from llmframe_ray.index.params import check_model
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.embedder import EmbedderParams, check_query_text, embed_each, load_embedder
@@ -335,6 +336,11 @@ class RetrieverCore:
             self._batch.set_max_batch_size(int(config["max_batch_size"]))
         if "batch_wait_timeout_s" in config:
             self._batch.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
+
+    async def domain_centroid(self, version: str) -> tuple[list[float] | None, dict[str, Any]]:
+        """A version's centroid and embedding model (index/domain.py), read from its files."""
+        vector, model = await asyncio.to_thread(version_centroid, self.index, version)
+        return (None if vector is None else vector.tolist()), model
 
     def index_info(self) -> dict[str, Any]:
         return {**self.index.describe(self.served.version), "problem": self.problem}

@@ -12,6 +12,7 @@ from llmframe_ray.eval.beir import BeirDataset, load_beir, load_corpus
 from llmframe_ray.eval.runner import cached_index, run_mode
 from llmframe_ray.eval.trec import score_run, write_run
 from llmframe_ray.index import atomic
+from llmframe_ray.index.domain import card_domain, centroid
 from llmframe_ray.models.cross_encoder import CARD_FILE, CrossEncoder, Precision, read_card
 from llmframe_ray.index.params import IndexParams
 from llmframe_ray.models.embedder import EmbedderParams, load_embedder
@@ -142,6 +143,9 @@ def train_reranker(
             f"sampled with seed {config.seed}; the positive is its document without that sentence; no judgments used"
         )
         card["data"]["negatives"] = f"hybrid top {config.mining_depth} for the pseudo-query minus its source document"
+    domain = card_domain(centroid(pipeline.shards), pipeline.shards[0].manifest.model)
+    if domain is not None:  # where it is at home: its fusion weight elsewhere (retrieve/rerank.py)
+        card["domain"] = domain
     if teacher is not None:
         card["teacher"] = {**teacher_info, "weight": config.distill_weight, "temperature": config.distill_temperature}
     report = train(groups, out_dir, config, card, log)

@@ -1,7 +1,11 @@
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.errors import EmptyQueryError, ModelError, QueryTooLongError
+from llmframe_ray.index.domain import centroid
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index, build_shard, chunk_documents, embed_chunks, make_chunker
 from llmframe_ray.retrieve.pipeline import Pipeline, ResultLevel
@@ -205,6 +209,9 @@ def test_document_ranking_equals_brute_force(pipeline, embedder):
 class LengthScorer:
     """A stand-in cross-encoder: longer passages score higher (no model)."""
 
+    def __init__(self, card=None):
+        self.card = {} if card is None else card
+
     def score(self, query, passages):
         import numpy as np
 
@@ -225,21 +232,63 @@ def test_rerank_reorders_the_hybrid_head(index_dir, embedder):
     assert len(pipeline.search(query, SearchMode.HYBRID, top_k=2, rerank=True)) == 2
 
 
-def test_rerank_fused_with_the_first_stage_order(index_dir, embedder):
-    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, rrf_k=20)
+def home_card(vector, model):
+    return {"domain": {"embedding_model": dict(model), "centroid": [float(x) for x in vector]}}
+
+
+def toward(home, cosine):
+    """A unit vector at this cosine from `home`."""
+    other = np.zeros_like(home)
+    other[int(np.argmin(np.abs(home)))] = 1.0
+    other -= (other @ home) * home
+    other /= np.linalg.norm(other)
+    return cosine * home + np.sqrt(1 - cosine**2) * other
+
+
+@pytest.mark.parametrize(
+    "case, expected_weight",
+    [("set 1", 1.0), ("set 0.3", 0.3), ("no card", 0.5), ("at home", 1.0), ("cosine 0.7", 0.7),
+     ("far", 0.5), ("other embedding model", 0.5)],
+)
+def test_rerank_fused_with_the_first_stage_order(index_dir, embedder, case, expected_weight):
+    """The cross-encoder's order and the hybrid head's fused by RRF, the cross-encoder's order
+    weighted as set, or by the cosine of its card's training-corpus centroid and the index's
+    (floor 0.5; no centroid, or one from another embedding model: 0.5)."""
+    weight = {"set 1": 1.0, "set 0.3": 0.3}.get(case)
+    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, rrf_k=20, reranker_weight=weight)
     assert settings.params().rerank.rrf_k == 20
-    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval, reranker=LengthScorer(), rerank=settings.params().rerank)
+    loaded = IndexDirectory(index_dir).load().shards
+    home, model = centroid(loaded), loaded[0].manifest.model
+    cards = {"at home": home_card(home, model), "cosine 0.7": home_card(toward(home, 0.7), model),
+             "far": home_card(-home, model), "other embedding model": home_card(home, {**model, "name": "other"})}
+    scorer = LengthScorer(cards.get(case))
+    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval, reranker=scorer, rerank=settings.params().rerank)
+    assert pipeline.rerank_weight == pytest.approx(expected_weight, abs=1e-5)
+    w = pipeline.rerank_weight
     query = "moon and ocean tides"
     hybrid = pipeline.search(query, SearchMode.HYBRID, top_k=6)
     reranked = pipeline.search(query, SearchMode.HYBRID, top_k=6, rerank=True)
     by_length = sorted(range(4), key=lambda i: -len(hybrid[i].passage))
     own = {i: pos for pos, i in enumerate(by_length, 1)}
-    fused = {i: 1 / (20 + own[i]) + 1 / (20 + i + 1) for i in range(4)}
+    fused = {i: w / (20 + own[i]) + 1 / (20 + i + 1) for i in range(4)}
     # equal fused scores: the better single rank first, then the incoming position
     expected = sorted(range(4), key=lambda i: (-fused[i], min(own[i], i + 1), i))
     assert [h.chunk_id for h in reranked] == [hybrid[i].chunk_id for i in expected] + [h.chunk_id for h in hybrid[4:]]
     assert [h.score for h in reranked[:4]] == pytest.approx([fused[i] for i in expected])
     assert [h.ranks["rerank"] for h in reranked[:4]] == [own[i] for i in expected]
+
+
+def test_weight_zero_keeps_the_first_stage_order(index_dir, embedder):
+    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4)
+    query = "moon and ocean tides"
+    orders = {}
+    for weight in (0.0, 1.0):
+        rerank = replace(settings.params().rerank, weight=weight)
+        pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval, reranker=LengthScorer(), rerank=rerank)
+        orders[weight] = [h.chunk_id for h in pipeline.search(query, SearchMode.HYBRID, top_k=6, rerank=True)]
+    hybrid = [h.chunk_id for h in pipeline.search(query, SearchMode.HYBRID, top_k=6)]
+    assert orders[0.0] == hybrid
+    assert orders[1.0] != hybrid
 
 
 def test_reranker_enabled_switch(index_dir, embedder):

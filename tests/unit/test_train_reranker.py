@@ -90,6 +90,9 @@ def test_model_folder_and_card(trained, dataset_dir):
     assert card["data"]["train_queries"] == 4 and card["data"]["validation_queries"] == 2
     assert card["data"]["groups"] == 4
     assert [step for step, _ in card["loss_curve"]] == [2]
+    assert card["domain"]["embedding_model"]["name"] == "all-MiniLM-L6-v2"
+    assert len(card["domain"]["centroid"]) == 384
+    assert np.linalg.norm(card["domain"]["centroid"]) == pytest.approx(1.0, abs=1e-4)
     assert set(card["validation"]) == {
         "queries", "depth", "hybrid", "rerank-fp32", "rerank-int8", "rerank-fp32-rrf", "rerank-int8-rrf",
     }
@@ -167,7 +170,10 @@ def test_eval_rerank_mode_writes_runs(trained, dataset_dir, settings, tmp_path):
     # same documents; below the reranked depth the hybrid order is kept
     assert sorted(r[2] for r in rerank) == sorted(h[2] for h in hybrid)
     assert [r[2] for r in rerank[3:]] == [h[2] for h in hybrid[3:]]
-    assert result.stdout.splitlines()[-1] == f"reranker: {out} (fp32, depth 3, max length 48)"
+    # at home: the eval's index is the training corpus's, so its centroid is the card's
+    assert result.stdout.splitlines()[-1] == (
+        f"reranker: {out} (fp32, depth 3, max length 48, fusion weight 1.000; domain similarity 1.000)"
+    )
     # a reranker trained on these judgments is refused
     refused = subprocess.run(args[:-2] + ["--split", "train"], env=env, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
