@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -93,6 +93,9 @@ def ingest(
     index: Path = typer.Option(..., "--index", help="Index directory (versions are kept inside)."),
     shards: Optional[int] = typer.Option(None, "--shards", min=1, max=4096, help="Shards of a new index (default 1; an existing index keeps its count)."),
     delete: Optional[List[str]] = typer.Option(None, "--delete", help="Remove this document id; repeat for several."),
+    adapt_reranker: Optional[Path] = typer.Option(None, "--adapt-reranker", help="Then train a reranker for this corpus from pseudo-queries (train-reranker --index INDEX --synthetic) into this folder."),
+    adapt_teacher: Optional[Path] = typer.Option(None, "--adapt-teacher", help="With --adapt-reranker: a trained reranker folder to distil from."),
+    adapt_layers: Optional[int] = typer.Option(None, "--adapt-layers", min=1, max=6, help="With --adapt-reranker: layers of MiniLM to keep (default all 6)."),
 ) -> None:
     """Ingest with the Ray Data job: upsert documents, delete ids, publish a new version.
 
@@ -106,6 +109,8 @@ def ingest(
     from llmframe_ray.errors import ConfigError, DocumentReadError
     from llmframe_ray.index.versions import IndexBusyError
 
+    if adapt_reranker is None and (adapt_teacher is not None or adapt_layers is not None):
+        _fail("--adapt-teacher and --adapt-layers go with --adapt-reranker OUT")
     params = _settings().params()
     try:
         result = run_ingest(sources or [], index, params, shards=shards, deletes=delete or [],
@@ -119,6 +124,8 @@ def ingest(
         typer.echo(line, err=True)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
     typer.echo(f"{'published ' + result.version if result.version else 'no new version'} in {index} ({stages})")
+    if adapt_reranker is not None:  # the optional step: a reranker at home in this corpus
+        _train_reranker(None, index, "train", adapt_reranker, adapt_teacher, 1000, layers=adapt_layers)
     raise typer.Exit(result.exit_code)
 
 
@@ -214,7 +221,8 @@ def eval_command(
 
 @app.command("train-reranker")
 def train_reranker_command(
-    dataset: Path = typer.Option(..., "--dataset", help="BEIR folder with qrels/<split>.tsv."),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="BEIR folder with qrels/<split>.tsv."),
+    index: Optional[Path] = typer.Option(None, "--index", help="With --synthetic, instead of --dataset: an index directory (your own corpus, as ingested)."),
     split: str = typer.Option("train", "--split", help="Judgments to train on (never test)."),
     out: Path = typer.Option(..., "--out", help="Model folder to write."),
     epochs: int = typer.Option(2, "--epochs", min=1),
@@ -229,20 +237,28 @@ def train_reranker_command(
     synthetic_queries: int = typer.Option(1000, "--synthetic-queries", min=1, help="With --synthetic: how many pseudo-queries."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
+    if (dataset is None) == (index is None):
+        _fail("give exactly one of --dataset DIR (a BEIR folder) or --index DIR (with --synthetic)")
+    _train_reranker(
+        dataset, index, split, out, teacher, synthetic_queries if synthetic else None, epochs=epochs, seed=seed,
+        negatives=negatives, max_length=max_length, max_steps=max_steps, layers=layers, distill_weight=distill_weight,
+    )
+
+
+def _train_reranker(
+    dataset: Path | None, index: Path | None, split: str, out: Path, teacher: Path | None,
+    synthetic_queries: int | None, **config: Any,
+) -> None:
     from llmframe_ray.train.reranker import TrainConfig
     from llmframe_ray.train.run import train_reranker
 
     settings = _settings()
     params = settings.params()
-    config = TrainConfig(
-        epochs=epochs, seed=seed, negatives=negatives, max_length=max_length,
-        threads=settings.threads, max_steps=max_steps, layers=layers, distill_weight=distill_weight,
-    )
     card = train_reranker(
-        dataset, split, out, config, lambda line: typer.echo(line, err=True),
+        dataset, split, out, TrainConfig(threads=settings.threads, **config), lambda line: typer.echo(line, err=True),
         embedder=params.embedder, index=params.index, indexes_dir=params.indexes_dir,
         retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k, teacher=teacher,
-        synthetic_queries=synthetic_queries if synthetic else None,
+        synthetic_queries=synthetic_queries, index_dir=index,
     )
     typer.echo(f"wrote {out}: {card['steps']} steps, {card['data']['groups']} groups")
     for name, figures in (card.get("validation") or {}).items():

@@ -20,7 +20,7 @@ from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.train.distill import check_teacher_split, teacher_card, teacher_scores
-from llmframe_ray.train.synthetic import MAX_WORDS, MIN_WORDS, synthetic_dataset, without_sentences
+from llmframe_ray.train.synthetic import MAX_WORDS, MIN_WORDS, corpus_of_index, synthetic_dataset, without_sentences
 from llmframe_ray.train.reranker import Log, TrainConfig, build_groups, split_queries, train
 from llmframe_ray.types import Hit, SearchMode
 
@@ -90,16 +90,21 @@ def train_reranker(
     rerank_rrf_k: int,
     teacher: Path | None = None,
     synthetic_queries: int | None = None,
+    index_dir: Path | None = None,
 ) -> dict:
     """Train a reranker on `split` of a BEIR folder; return the model card written. With a
     `teacher` (a reranker folder), its scores of every training pair are soft labels too
     (train/distill.py). With `synthetic_queries`, no judgments are read: that many
     pseudo-queries made from the corpus are the training data (train/synthetic.py), and there
-    is no validation (the eval harness on real queries is the measure)."""
+    is no validation (the eval harness on real queries is the measure). `index_dir` instead of
+    a BEIR folder (synthetic only): the documents and the hybrid negatives of that index."""
     out_dir = Path(out_dir)
     positives = None
+    if index_dir is not None and synthetic_queries is None:
+        raise DatasetError("an index has no relevance judgments: train on it with --synthetic")
     if synthetic_queries is not None:
-        dataset, positives = synthetic_dataset(load_corpus(dataset_dir), synthetic_queries, config.seed)
+        corpus = corpus_of_index(index_dir) if index_dir is not None else load_corpus(dataset_dir)
+        dataset, positives = synthetic_dataset(corpus, synthetic_queries, config.seed)
         config = replace(config, validation_fraction=0.0)  # held-out pseudo-queries would be found by their own words
         log(f"{len(dataset.queries)} pseudo-queries from {dataset.name}'s documents (no judgments read)")
     elif split == "test":
@@ -107,8 +112,10 @@ def train_reranker(
     else:
         dataset = load_beir(dataset_dir, split)
     model = load_embedder(embedder)
-    log(f"index of {dataset.name} ({len(dataset.corpus)} documents): building or reusing the cache")
-    pipeline = Pipeline.open(cached_index(dataset, index, model, indexes_dir), model, retrieval)
+    where = "the index given" if index_dir is not None else "building or reusing the cache"
+    log(f"index of {dataset.name} ({len(dataset.corpus)} documents): {where}")
+    searched = index_dir if index_dir is not None else cached_index(dataset, index, model, indexes_dir)
+    pipeline = Pipeline.open(searched, model, retrieval)
     train_ids, val_ids = split_queries(list(dataset.queries), config.validation_fraction, config.seed)
     log(f"mining hard negatives: hybrid top {config.mining_depth} for {len(train_ids)} queries")
     candidates = {

@@ -23,12 +23,14 @@ import json
 import random
 import re
 from dataclasses import replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Sequence
 
 from llmframe_ray.eval.beir import BeirDataset
+from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.train.reranker import Group
-from llmframe_ray.types import Document, passage_text
+from llmframe_ray.types import Chunk, Document, passage_text
 
 SPLIT = "synthetic"
 MIN_WORDS, MAX_WORDS = 5, 40
@@ -96,6 +98,37 @@ def synthetic_dataset(corpus: BeirDataset, max_queries: int, seed: int) -> tuple
         qrels_sha256=digest,
     )
     return dataset, positives
+
+
+def corpus_of_index(index_dir: Path) -> BeirDataset:
+    """The documents of an index's served version, put back together from their chunks (each
+    chunk knows where its text starts and ends in its document's text, so overlaps join
+    exactly): a user's own corpus, for `train-reranker --index DIR --synthetic`."""
+    index = IndexDirectory(index_dir)
+    loaded = index.load()
+    pieces: dict[str, list[Chunk]] = {}
+    for shard in loaded.shards:
+        for chunk in shard.store:
+            pieces.setdefault(chunk.doc_id, []).append(chunk)
+    documents = []
+    digest = hashlib.sha256()
+    for doc_id in sorted(pieces):
+        chunks = sorted(pieces[doc_id], key=lambda c: c.position)
+        text, end = "", None
+        for chunk in chunks:
+            if end is None or chunk.start >= end:  # the first, or after a gap the chunker skipped
+                text += ("" if end is None or chunk.start == end else " ") + chunk.text
+            else:
+                text += chunk.text[end - chunk.start :]
+            end = chunk.end if end is None else max(end, chunk.end)
+        documents.append(Document(doc_id, text=text, title=chunks[0].title))
+        digest.update(json.dumps([doc_id, chunks[0].title, text]).encode("utf-8"))
+    if not documents:
+        raise ValueError(f"the index {index_dir} has no documents to make pseudo-queries from")
+    return BeirDataset(
+        name=Path(index_dir).resolve().name, path=Path(index_dir), split="corpus", corpus=tuple(documents),
+        queries=MappingProxyType({}), qrels=MappingProxyType({}), corpus_sha256=digest.hexdigest(), qrels_sha256="",
+    )
 
 
 def without_sentences(groups: Sequence[Group], positives: dict[str, str]) -> list[Group]:

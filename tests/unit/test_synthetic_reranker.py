@@ -96,3 +96,91 @@ def test_train_on_a_corpus_without_judgments(corpus_dir, model_dir, tmp_path_fac
     (judged / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "why do tides happen"}) + "\n")
     (judged / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\ttides\t1\n")
     check_reranker_data(card, load_beir(judged, "test"))
+
+
+LONG = {
+    "river": ("Rivers", " ".join(f"Sentence {i} of the river text says water number {i} flows downstream to the sea." for i in range(40))),
+    "stars": ("Stars", " ".join(f"Star {i} burns hydrogen in its core for {i} billion years and then swells." for i in range(30))),
+    "tiny": ("Tiny", "One short text with a single sentence only here."),
+}
+
+
+def test_an_index_gives_back_its_documents_from_their_chunks(tmp_path, embedder):
+    """Chunks overlap (and may leave gaps between them): put back together by their offsets,
+    every document's text is the one ingested."""
+    from llmframe_ray.ingest.build import build_index
+    from llmframe_ray.train.synthetic import corpus_of_index
+
+    settings = load_settings(chunk_size=48, chunk_overlap=12)
+    root = tmp_path / "my-index"
+    docs = [Document(k, text=x, title=t) for k, (t, x) in LONG.items()]
+    build_index(docs, root, settings.params().index, embedder, shards=2)
+    corpus = corpus_of_index(root)
+    assert corpus.name == "my-index" and corpus.split == "corpus"
+    assert {d.doc_id: (d.title, d.text) for d in corpus.corpus} == {k: (t, x) for k, (t, x) in LONG.items()}
+    from llmframe_ray.index.versions import IndexDirectory
+    assert max(s.store.max_chunks_per_doc for s in IndexDirectory(root).load().shards) > 3  # really stitched
+    assert corpus_of_index(root).corpus_sha256 == corpus.corpus_sha256
+
+
+def test_train_on_an_index_without_judgments(tmp_path, corpus_dir, model_dir, tmp_path_factory, embedder):
+    from llmframe_ray.ingest.build import build_index
+    from llmframe_ray.errors import DatasetError
+
+    home = tmp_path_factory.mktemp("home-index")
+    (home / "models").mkdir()
+    (home / "models" / model_dir.name).symlink_to(model_dir)
+    params = load_settings(home=home, num_threads=2).params()
+    root = tmp_path / "user-index"
+    build_index(load_corpus(corpus_dir).corpus, root, params.index, embedder)
+    config = TrainConfig(epochs=1, seed=5, negatives=2, mining_depth=5, groups_per_step=2, max_length=48, threads=2, max_steps=1, layers=2)
+    common = dict(embedder=params.embedder, index=params.index, indexes_dir=params.indexes_dir, retrieval=params.retrieval,
+                  rerank_rrf_k=params.rerank.rrf_k, index_dir=root)
+    card = train_reranker(None, "train", tmp_path / "adapted", config, lambda line: None, synthetic_queries=4, **common)
+    assert card["data"]["dataset"] == "user-index" and card["data"]["train_queries"] == 4
+    assert len(card["domain"]["centroid"]) == 384
+    assert not any(params.indexes_dir.glob("beir-*"))  # the index given was searched, no cache built
+    with pytest.raises(DatasetError, match="an index has no relevance judgments: train on it with --synthetic"):
+        train_reranker(None, "train", tmp_path / "judged", config, lambda line: None, **common)
+
+
+@pytest.mark.parametrize("given", [[], ["--dataset", "d", "--index", "i"]])
+def test_the_command_takes_a_dataset_or_an_index(given, tmp_path):
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "llmframe_ray.cli", "train-reranker", "--out", str(tmp_path / "m"), "--synthetic", *given]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "error: give exactly one of --dataset DIR (a BEIR folder) or --index DIR (with --synthetic)" in result.stderr
+
+
+def test_ingest_can_end_by_adapting_a_reranker_to_the_corpus(corpus_dir, model_dir, tmp_path, monkeypatch, embedder):
+    """`ingest --adapt-reranker OUT`: once the version is published, a reranker is trained on
+    that index's own documents (the Ray job is replaced here by the in-process build, which
+    writes the same index)."""
+    from typer.testing import CliRunner
+
+    from llmframe_ray import cli
+    from llmframe_ray.batch import job
+    from llmframe_ray.batch.report import IngestResult
+    from llmframe_ray.ingest.build import build_index
+
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / model_dir.name).symlink_to(model_dir)
+    monkeypatch.setenv("LLMFRAME_HOME", str(home))
+    monkeypatch.setenv("LLMFRAME_NUM_THREADS", "2")
+
+    def fake_ingest(sources, index, params, **kwargs):
+        version = build_index(load_corpus(corpus_dir).corpus, index, params.index, embedder)
+        return IngestResult(index, version, None)
+
+    monkeypatch.setattr(job, "ingest", fake_ingest)
+    index, out = tmp_path / "index", tmp_path / "adapted"
+    result = CliRunner().invoke(cli.app, ["ingest", str(corpus_dir), "--index", str(index), "--adapt-reranker", str(out), "--adapt-layers", "1"])
+    assert result.exit_code == 0, result.output
+    card = read_card(out)
+    assert card["data"]["dataset"] == "index" and card["data"]["split"] == "synthetic"
+    assert card["layers"] == [5] and card["data"]["train_queries"] == 6  # every document but "short"
+    assert f"wrote {out}: " in result.output
