@@ -130,8 +130,9 @@ class Settings(BaseSettings):
     reranker_max_length: int | None = Field(None, ge=8, le=512, validation_alias=_env("RERANKER_MAX_LENGTH"))
     # (query, passage) scores kept per reranker, so a repeated query is not rescored; 0: none
     reranker_cache_size: int = Field(20000, ge=0, le=10_000_000, validation_alias=_env("RERANKER_CACHE_SIZE"))
-    # when the Reranker is down or too slow: answer in first-stage order with a warning (true)
-    # or fail the request with 503 (false)
+    # a passage too long for the pair: its best-matching sentences (true) or its head (false)
+    reranker_window: bool = Field(False, validation_alias=_env("RERANKER_WINDOW"))
+    # Reranker down or too slow: first-stage order with a warning (true) or a 503 (false)
     reranker_fail_open: bool = Field(True, validation_alias=_env("RERANKER_FAIL_OPEN"))
     reranker_fusion: RerankFusion = Field(RerankFusion.RRF, validation_alias=_env("RERANKER_FUSION"))
     # RRF k of the cross-encoder's order with the first stage's; chosen on SciFact train (README)
@@ -148,9 +149,7 @@ class Settings(BaseSettings):
     index_retention: int = Field(3, ge=1, le=1000, validation_alias=_env("INDEX_RETENTION"))
 
     # Serving (Ray Serve app, HTTP API)
-    api_secret_key: str | None = Field(
-        None, repr=False, validation_alias=_env("API_SECRET_KEY", "API_SECRET_KEY")
-    )
+    api_secret_key: str | None = Field(None, repr=False, validation_alias=_env("API_SECRET_KEY", "API_SECRET_KEY"))
     api_keys: str | None = Field(None, repr=False, validation_alias=_env("API_KEYS"))
     # keys that may also reload the index and read /v1/stats (default: API_SECRET_KEY)
     admin_keys: str | None = Field(None, repr=False, validation_alias=_env("ADMIN_KEYS"))
@@ -178,9 +177,7 @@ class Settings(BaseSettings):
 
     # Generation: an ordered chain of providers, each tried (with retries) before the next
     llm_providers: str = Field("auto", validation_alias=_env("LLM_PROVIDERS", "LLM_PROVIDERS"))
-    anthropic_api_key: str | None = Field(
-        None, repr=False, validation_alias=_env("ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY")
-    )
+    anthropic_api_key: str | None = Field(None, repr=False, validation_alias=_env("ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY"))
     anthropic_base_url: str | None = Field(None, validation_alias=_env("ANTHROPIC_BASE_URL", "ANTHROPIC_BASE_URL"))
     anthropic_model: str = Field("claude-sonnet-4-5", validation_alias=_env("ANTHROPIC_MODEL", "ANTHROPIC_MODEL"))
     openai_chat_model: str = Field("gpt-4o-mini", validation_alias=_env("OPENAI_CHAT_MODEL", "OPENAI_MODEL"))
@@ -300,6 +297,7 @@ class Settings(BaseSettings):
                 onnx_file=self.reranker_onnx_file, precision=self.reranker_precision,
                 batch_size=self.reranker_batch_size, max_length=self.reranker_max_length,
                 threads=self.num_threads, spinning=self.ort_spinning, cache_size=self.reranker_cache_size,
+                window=self.reranker_window,
             ),
             service=ServiceParams(
                 default_mode=default_mode,

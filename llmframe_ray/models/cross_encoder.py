@@ -14,7 +14,8 @@ batches of 32 on 2 threads and 111 for one pair on 2 threads).
 
 With `cache_size` > 0 the scores of the last pairs scored are kept (ScoreCache): a repeated
 query's passages are not run again. A pair alone (int8) always scores the same, so a kept score
-is the one the model would give; fp32 batches can differ from it in the last bits.
+is the one the model would give; fp32 batches can differ from it in the last bits. With
+`window`, a passage too long for the pair reads its best-matching sentences (passage_window.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from llmframe_ray.errors import ModelError
+from llmframe_ray.models.passage_window import PassageWindow
 from llmframe_ray.models.runtime import EncodedBatch, create_session, load_tokenizer, pad_encodings
 from llmframe_ray.types import Choice
 
@@ -116,6 +118,7 @@ class CrossEncoder:
         spinning: bool = True,
         prepacked_dir: Path | None = None,
         cache_size: int = 0,
+        window: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.precision = Precision.from_str(precision)
@@ -145,6 +148,7 @@ class CrossEncoder:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="rerank") if self.pair_by_pair and threads > 1 else None
         self.name = str(self.card.get("name") or self.model_dir.name)
         self.cache = ScoreCache(cache_size) if cache_size > 0 else None
+        self.window = PassageWindow(self._tokenizer, max_length) if window else None
 
     def tokenize(self, query: str, passages: Sequence[str]) -> EncodedBatch:
         """Pairs truncated together (longest first) to `max_length` tokens."""
@@ -184,6 +188,8 @@ class CrossEncoder:
         return out
 
     def _run_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        if self.window is not None:  # long passages: their best-matching sentences, not their head
+            pairs = [(query, self.window.fit(query, passage)) for query, passage in pairs]
         out = np.empty(len(pairs), dtype=np.float32)
         if not pairs:
             return out

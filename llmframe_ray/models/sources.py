@@ -111,6 +111,7 @@ class RerankerModelParams:
     threads: int | None = None
     spinning: bool = True  # ONNX Runtime's idle threads spin-wait (runtime.create_session)
     cache_size: int = 0  # (query, passage) scores kept (CrossEncoder: ScoreCache); 0: none
+    window: bool = False  # long passages: their best-matching sentences (passage_window.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision.from_str(self.precision))
@@ -145,4 +146,5 @@ def load_reranker(
         spinning=params.spinning,
         prepacked_dir=Path(params.models_dir) / PREPACKED_DIR,
         cache_size=params.cache_size,
+        window=params.window,
     )

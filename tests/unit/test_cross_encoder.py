@@ -144,6 +144,17 @@ def test_the_setting_sizes_the_served_cache(model_folder):
     assert load_reranker(off).cache is None
 
 
+def test_the_encoder_reads_the_window(model_folder):
+    query = "when do spring tides happen"
+    passage = "Coastal notes\n" + " ".join([f"Filler sentence {i} is about the weather only." for i in range(12)] + ["Spring tides happen when the Sun and the Moon line up."])
+    windowed = CrossEncoder(model_folder, precision="int8", max_length=96, window=True)
+    plain = CrossEncoder(model_folder, precision="int8", max_length=96)
+    fitted = windowed.window.fit(query, passage)
+    assert fitted != passage
+    assert windowed.score(query, [passage]).tobytes() == plain.score(query, [fitted]).tobytes()
+    assert not np.array_equal(plain.score(query, [passage]), plain.score(query, [fitted]))
+
+
 def test_empty_candidate_list(model_folder):
     encoder = CrossEncoder(model_folder, max_length=MAX_LENGTH)
     assert encoder.score("q", []).shape == (0,)
