@@ -29,19 +29,12 @@ from typing import Sequence
 
 from llmframe_ray.eval.beir import BeirDataset
 from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.models.passage_window import sentences
 from llmframe_ray.train.reranker import Group
 from llmframe_ray.types import Chunk, Document, passage_text
 
 SPLIT = "synthetic"
 MIN_WORDS, MAX_WORDS = 5, 40
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def sentences(text: str) -> list[str]:
-    """The text's sentences (split after . ! or ? and whitespace), stripped, none empty."""
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
-
-
 def _normal(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower()))
 
