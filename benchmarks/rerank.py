@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/rerank.py [--model DIR] [--pairs 256] [--repeats 3]
 
-For batch sizes 1, 8, 32, 64 and fp32 / int8 weights: pairs/s (tokenize + run + postprocess)
-and the achieved GFLOP/s, counting the model's multiply-adds per pair on the padded shapes
-actually run (per layer: 4*S*H*H for Q, K, V and output projections, 2*S*H*I for the
+For batch sizes 1, 8, 32, 64 and fp32 weights, and int8 (which runs each pair alone, `threads`
+pairs at a time: models/cross_encoder.py): pairs/s (tokenize + run + postprocess) and the
+achieved GFLOP/s, counting the model's multiply-adds per pair on the (padded) shapes actually run (per layer: 4*S*H*H for Q, K, V and output projections, 2*S*H*I for the
 feed-forward, 2*S*S*H for attention scores and weighted sum; FLOPs = 2 x MACs). The ceiling is
 numpy's float32 matrix multiply (2048 x 2048) with the same thread count, measured in a child
 process with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset (this machine sets them, which holds
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from llmframe_ray.config import load_settings  # noqa: E402
 from llmframe_ray.eval.beir import load_beir  # noqa: E402
-from llmframe_ray.models.cross_encoder import CrossEncoder  # noqa: E402
+from llmframe_ray.models.cross_encoder import CrossEncoder, read_card  # noqa: E402
 
 CEILING = r"""
 import json, os, sys, time
@@ -80,17 +80,20 @@ def main() -> None:
     docs = dataset.corpus
     pairs = [(queries[i % len(queries)], f"{docs[i * 7 % len(docs)].title}\n{docs[i * 7 % len(docs)].text}") for i in range(args.pairs)]
     config = json.loads((Path(args.model) / "config.json").read_text())
-    layers, hidden, inter = config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    kept = read_card(Path(args.model)).get("layers")  # a smaller student keeps some of them
+    layers = len(kept) if kept else config["num_hidden_layers"]
     threads = settings.threads
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, ONNX Runtime threads {threads}; model {args.model} "
           f"({layers} layers, hidden {hidden}, FFN {inter}); {len(pairs)} SciFact (query, passage) pairs; "
           f"median of {args.repeats} runs")
     print(f"{'precision':<9} {'batch':>5} {'pairs/s':>9} {'GFLOP/s':>9} {'mean tokens':>12}")
-    for precision in ("fp32", "int8"):
-        for batch_size in (1, 8, 32, 64):
+    for precision, sizes in (("fp32", (1, 8, 32, 64)), ("int8", (1,))):
+        for batch_size in sizes:
             encoder = CrossEncoder(Path(args.model), precision=precision, batch_size=batch_size, threads=threads)
-            batches = [encoder.tokenize_pairs(pairs[i : i + batch_size]) for i in range(0, len(pairs), batch_size)]
+            size = 1 if encoder.pair_by_pair else batch_size
+            batches = [encoder.tokenize_pairs(pairs[i : i + size]) for i in range(0, len(pairs), size)]
             flops = 2 * sum(macs_per_batch(b, layers, hidden, inter) for b in batches)
             tokens = sum(int(b.attention_mask.sum()) for b in batches) / len(pairs)
             encoder.score_pairs(pairs[:batch_size])  # warm-up
@@ -100,7 +103,8 @@ def main() -> None:
                 encoder.score_pairs(pairs)
                 times.append(time.perf_counter() - t0)
             seconds = statistics.median(times)
-            print(f"{precision:<9} {batch_size:>5} {len(pairs) / seconds:>9.1f} {flops / seconds / 1e9:>9.1f} {tokens:>12.1f}")
+            shown = f"1 x {threads}" if encoder.pair_by_pair else str(batch_size)
+            print(f"{precision:<9} {shown:>5} {len(pairs) / seconds:>9.1f} {flops / seconds / 1e9:>9.1f} {tokens:>12.1f}")
     for unset in (True, False):
         c = ceiling(threads, unset)
         label = "OPENBLAS_CORETYPE/L2_SIZE unset" if unset else "machine's OPENBLAS settings"
