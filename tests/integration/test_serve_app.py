@@ -73,6 +73,9 @@ def app(tmp_path_factory, model_dir, tiny_reranker_dir):
     }
     index_dir = tmp_path_factory.mktemp("serve") / "index"
     build_index(DOCS, index_dir, load_settings(**overrides).params().index, OnnxEmbedder(model_dir, threads=2), shards=2)
+    # a card whose training corpus sits at cosine 0.8 from this index: fused with weight 0.8,
+    # which the served app learns from the Reranker's card and the Retriever's centroid
+    overrides["reranker_model"] = str(reranker_at(tiny_reranker_dir, index_dir, 0.8, tmp_path_factory.mktemp("ce")))
     with running_app(index_dir, overrides, reranker=True, shards_per_group=1) as url:
         yield App(url, index_dir, overrides)
 
@@ -83,12 +86,32 @@ def client(app):
         yield c
 
 
+def reranker_at(tiny: Path, index_dir: Path, cosine: float, folder: Path) -> Path:
+    """A copy of the tiny reranker whose card puts its training corpus at `cosine` from the index."""
+    import shutil
+
+    import numpy as np
+
+    from llmframe_ray.index.domain import card_domain, centroid
+
+    shards = IndexDirectory(index_dir).load().shards
+    home = centroid(shards)
+    other = np.zeros_like(home)
+    other[int(np.argmin(np.abs(home)))] = 1.0
+    other -= (other @ home) * home
+    vector = cosine * home + np.sqrt(1 - cosine**2) * other / np.linalg.norm(other)
+    shutil.copytree(tiny, folder, dirs_exist_ok=True)
+    card = {**json.loads((tiny / "reranker.json").read_text()), "domain": card_domain(vector, shards[0].manifest.model)}
+    (folder / "reranker.json").write_text(json.dumps(card))
+    return folder
+
+
 def in_process(app, model_dir, tiny_reranker_dir) -> tuple[Pipeline, str]:
     """The in-process pipeline over the version the app serves, with replicas' thread counts."""
     settings = load_settings(**app.overrides)
     loaded = IndexDirectory(app.index_dir).load()
     embedder = OnnxEmbedder(model_dir, threads=1)  # QueryEncoder: 0.5 CPU -> 1 thread
-    reranker = CrossEncoder(tiny_reranker_dir, threads=1, batch_size=settings.reranker_batch_size)
+    reranker = CrossEncoder(Path(settings.reranker_model), threads=1, batch_size=settings.reranker_batch_size)
     params = settings.params()
     return Pipeline(loaded.shards, embedder, params.retrieval, reranker, params.rerank), loaded.version
 
@@ -105,6 +128,7 @@ def local_hits(hits) -> list[tuple]:
 @pytest.mark.parametrize("rerank", [False, True])
 def test_search_equals_in_process_pipeline_for_every_query_and_mode(app, client, model_dir, tiny_reranker_dir, rerank):
     pipeline, version = in_process(app, model_dir, tiny_reranker_dir)
+    assert abs(pipeline.rerank_weight - 0.8) < 1e-4  # the domain weight is what both sides use
     for mode in ("bm25", "dense", "hybrid"):
         for query in QUERIES:
             response = client.post("/v1/search", headers=AUTH, json={"query": query, "mode": mode, "top_k": 5, "rerank": rerank})
