@@ -16,7 +16,8 @@ import numpy as np
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.versions import IndexDirectory
 
-BLOCK_ROWS = 65536  # vectors read back at a time: bounded memory at any index size
+BLOCK_ROWS = 65536
+SYNTHETIC = "synthetic"  # a card's data split when it was trained from pseudo-queries (train/synthetic.py)  # vectors read back at a time: bounded memory at any index size
 
 
 def centroid(shards: Iterable[IndexShard | None]) -> np.ndarray | None:
@@ -45,10 +46,12 @@ def card_domain(vector: np.ndarray | None, model: Mapping[str, Any]) -> dict[str
 
 
 def similarity(card: Mapping[str, Any], vector: np.ndarray | None, model: Mapping[str, Any]) -> float | None:
-    """Cosine of a card's training-corpus centroid and an index's; None when either is missing
-    or they come from different embedding models (not comparable)."""
+    """Cosine of a card's training-corpus centroid and an index's; None when either is missing,
+    they come from different embedding models (not comparable), or the card's model was
+    trained without judgments (`--synthetic`): nothing showed it beating the first stage even
+    at home (measured: below hybrid on Cranfield and CISI at any weight tried)."""
     domain = card.get("domain")
-    if not isinstance(domain, Mapping) or vector is None:
+    if not isinstance(domain, Mapping) or vector is None or (card.get("data") or {}).get("split") == SYNTHETIC:
         return None
     theirs = domain.get("embedding_model") or {}
     if (theirs.get("name"), theirs.get("dim")) != (model.get("name"), model.get("dim")):

@@ -28,12 +28,13 @@ from types import MappingProxyType
 from typing import Sequence
 
 from llmframe_ray.eval.beir import BeirDataset
+from llmframe_ray.index.domain import SYNTHETIC
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.passage_window import sentences
 from llmframe_ray.train.reranker import Group
 from llmframe_ray.types import Chunk, Document, passage_text
 
-SPLIT = "synthetic"
+SPLIT = SYNTHETIC
 MIN_WORDS, MAX_WORDS = 5, 40
 def _normal(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower()))

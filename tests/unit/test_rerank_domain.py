@@ -52,6 +52,9 @@ def test_a_cards_domain_against_an_index():
     assert similarity(card, home, {**MODEL, "dim": 16}) is None
     assert similarity({}, home, MODEL) is None  # a card that says nothing
     assert similarity(card, None, MODEL) is None
+    # trained without judgments: its home is not trusted over the first stage
+    assert similarity({**card, "data": {"split": "synthetic"}}, home, MODEL) is None
+    assert similarity({**card, "data": {"split": "train"}}, home, MODEL) == pytest.approx(1.0, abs=1e-5)
     assert card_domain(None, MODEL) is None
 
 
