@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from llmframe_ray.config import load_settings  # noqa: E402
 from llmframe_ray.eval.beir import load_beir  # noqa: E402
 from llmframe_ray.models.cross_encoder import CrossEncoder, read_card  # noqa: E402
+from serve import cpu_description  # noqa: E402  (benchmarks/, this script's folder)
 
 CEILING = r"""
 import json, os, sys, time
@@ -85,7 +86,7 @@ def main() -> None:
     layers = len(kept) if kept else config["num_hidden_layers"]
     threads = settings.threads
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, ONNX Runtime threads {threads}; model {args.model} "
+    print(f"machine: {platform.machine()}, {cpu_description()}, {os.cpu_count()} cores, ONNX Runtime threads {threads}; model {args.model} "
           f"({layers} layers, hidden {hidden}, FFN {inter}); {len(pairs)} SciFact (query, passage) pairs; "
           f"median of {args.repeats} runs")
     print(f"{'precision':<9} {'batch':>5} {'pairs/s':>9} {'GFLOP/s':>9} {'mean tokens':>12}")
