@@ -16,8 +16,8 @@ import numpy as np
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.versions import IndexDirectory
 
-BLOCK_ROWS = 65536
-SYNTHETIC = "synthetic"  # a card's data split when it was trained from pseudo-queries (train/synthetic.py)  # vectors read back at a time: bounded memory at any index size
+BLOCK_ROWS = 65536  # vectors read back at a time: bounded memory at any index size
+SYNTHETIC = "synthetic"  # a card's data split when it was trained from pseudo-queries (train/synthetic.py)
 
 
 def centroid(shards: Iterable[IndexShard | None]) -> np.ndarray | None:
