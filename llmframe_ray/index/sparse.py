@@ -34,7 +34,7 @@ _ANALYZER_FILE = "analyzer.json"
 _LENGTHS_FILE = "doc_lengths.npy"
 
 
-def _stopword_list(name: str | None) -> list[str]:
+def stopword_list(name: str | None) -> list[str]:
     """The stopwords bm25s ships under `name` ("en", "english", "de", ...); [] for None."""
     if name is None:
         return []
@@ -66,7 +66,7 @@ class SparseParams:
         if self.stemmer is not None and self.stemmer not in Stemmer.algorithms():
             valid = ", ".join(Stemmer.algorithms())
             raise ValueError(f"unknown stemmer {self.stemmer!r}; valid stemmers: {valid}")
-        _stopword_list(self.stopwords)
+        stopword_list(self.stopwords)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -185,7 +185,7 @@ class SparseIndex:
         index over all the texts would (see `corpus_wide`)."""
         if len(texts) == 0:
             raise ValueError("cannot build a sparse index from zero texts")
-        analyzer = Analyzer(params.stemmer, _stopword_list(params.stopwords))
+        analyzer = Analyzer(params.stemmer, stopword_list(params.stopwords))
         vocab: dict[str, int] = {}
         corpus_ids = []
         for text in texts:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llmframe_ray.index.sparse import Analyzer, _stopword_list
+from llmframe_ray.index.sparse import Analyzer, stopword_list
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -29,7 +29,7 @@ class PassageWindow:
     def __init__(self, tokenizer: Any, max_length: int) -> None:
         self.tokenizer = tokenizer
         self.max_length = max_length
-        self.analyzer = Analyzer("english", _stopword_list("en"))
+        self.analyzer = Analyzer("english", stopword_list("en"))
         alone = self._count(["a"])[0]
         self.specials = len(tokenizer.encode("a", "a").ids) - 2 * alone  # [CLS], [SEP]s of a pair
 

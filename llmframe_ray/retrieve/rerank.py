@@ -14,8 +14,9 @@ The cross-encoder's list has a weight in that fusion (the first stage's is 1). S
 home (domain_weight): the cosine of the centroid of the corpus it was trained on (model card)
 and the served index's centroid (index/domain.py), kept between DOMAIN_FLOOR and 1. On its own
 corpus a reranker keeps weight 1; far from it, where the card says nothing, or for a model
-trained without judgments, it counts half as much as the first stage. Measured on the five bundled collections (README "Reranking out of
-its domain"): SciFact-trained, weight 1 fell below hybrid on Cranfield and HotpotQA.
+trained without judgments, it counts half as much as the first stage. Measured on the five
+bundled collections (README "Reranking out of its domain"): SciFact-trained, weight 1 fell
+below hybrid on Cranfield and HotpotQA.
 """
 
 from __future__ import annotations
