@@ -36,6 +36,8 @@ from llmframe_ray.types import Chunk, Document, passage_text
 
 SPLIT = SYNTHETIC
 MIN_WORDS, MAX_WORDS = 5, 40
+
+
 def _normal(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.lower()))
 
