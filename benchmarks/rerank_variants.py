@@ -4,7 +4,7 @@ files, and pairs/s of the same model at the served batch size, in one table and 
     .venv/bin/python benchmarks/rerank_variants.py --runs-dir runs/variants --plot rerank-variants.png \
         --variant 6L-int8-d50=~/.cache/llmframe-ray/rerankers/scifact-6L:int8:192:50 \
         --variant 2L-int8-d20=~/.cache/llmframe-ray/rerankers/scifact-2L-d128:int8:128:20 [...]
-        [--served 2L-int8-d20=6.1/11.3 ...]
+        [--served 2L-int8-d20=6.1/11.3 ...] [--reuse-runs]
 
 A variant is NAME=MODEL_DIR:PRECISION:MAX_LENGTH:DEPTH. For each one this runs
 `llmframe-ray eval --mode hybrid --mode rerank --mode rerank-ce` (the harness itself, in a child
@@ -12,7 +12,8 @@ process, with LLMFRAME_RERANKER_MAX_LENGTH / --rerank-depth / --reranker-precisi
 RUNS_DIR/NAME/, re-scores the run files, and measures pairs/s on SciFact (query, chunk) pairs
 of the hybrid head: batches of 32 (what the served Reranker gets at a few clients), this
 machine's threads, median of `--repeats`. `--served NAME=R1/R8` adds the served hybrid+rerank
-requests/s at 1 and 8 clients measured with benchmarks/serve.py (it needs a server per variant).
+requests/s at 1 and 8 clients measured with benchmarks/serve.py (it needs a server per variant);
+with them for every variant, the plot's x axis is the served requests/s at 8 clients.
 """
 
 from __future__ import annotations
@@ -54,8 +55,12 @@ class Variant:
         return cls(name, Path(parts[0]).expanduser(), parts[1], int(parts[2]), int(parts[3]))
 
 
-def evaluate(variant: Variant, dataset: Path, runs_dir: Path) -> dict[str, float]:
+def evaluate(variant: Variant, dataset: Path, runs_dir: Path, reuse: bool = False) -> dict[str, float]:
     out = runs_dir / variant.name
+    qrels = load_beir(dataset, "test").qrels
+    modes = ("hybrid", "rerank", "rerank-ce")
+    if reuse and all((out / f"{mode}.trec").is_file() for mode in modes):  # scored again, not rerun
+        return {mode: score_run(out / f"{mode}.trec", qrels)["nDCG@10"] for mode in modes}
     env = {**os.environ, "LLMFRAME_RERANKER_MAX_LENGTH": str(variant.max_length)}
     command = [
         sys.executable, "-m", "llmframe_ray.cli", "eval", "--dataset", str(dataset), "--mode", "hybrid",
@@ -63,8 +68,7 @@ def evaluate(variant: Variant, dataset: Path, runs_dir: Path) -> dict[str, float
         "--rerank-depth", str(variant.depth), "--reranker-precision", variant.precision, "--runs-dir", str(out),
     ]
     subprocess.run(command, env=env, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    qrels = load_beir(dataset, "test").qrels
-    return {mode: score_run(out / f"{mode}.trec", qrels)["nDCG@10"] for mode in ("hybrid", "rerank", "rerank-ce")}
+    return {mode: score_run(out / f"{mode}.trec", qrels)["nDCG@10"] for mode in modes}
 
 
 def pairs_per_second(variant: Variant, pairs: list[tuple[str, str]], threads: int, repeats: int) -> float:
@@ -100,6 +104,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--served", action="append", default=[], help="NAME=REQ_S_AT_1/REQ_S_AT_8 from benchmarks/serve.py")
     parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--reuse-runs", action="store_true", help="score a variant's existing run files instead of running the eval again")
     args = parser.parse_args()
     served = {}
     for item in args.served:
@@ -112,7 +117,7 @@ def main() -> None:
           f"{len(pairs)} SciFact pairs per speed run, batches of 32, median of {args.repeats}")
     rows = []
     for variant in args.variant:
-        quality = evaluate(variant, args.dataset, args.runs_dir)
+        quality = evaluate(variant, args.dataset, args.runs_dir, args.reuse_runs)
         rate = pairs_per_second(variant, pairs, threads, args.repeats)
         rows.append((variant, quality, rate))
         print(f"{variant.name:<22} nDCG@10 hybrid {quality['hybrid']:.4f} rerank {quality['rerank']:.4f} "
@@ -132,15 +137,24 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
+        by_served = all(variant.name in served for variant, _, _ in rows)  # else what the model allows
         for variant, quality, rate in rows:
-            ax.scatter(rate / variant.depth, quality["rerank"], color="tab:blue")
-            ax.annotate(variant.name, (rate / variant.depth, quality["rerank"]), fontsize=8, xytext=(4, 3), textcoords="offset points")
+            x = served[variant.name][1] if by_served else rate / variant.depth
+            ax.scatter(x, quality["rerank"], color="tab:blue", label="fused with hybrid" if variant is rows[0][0] else None)
+            ax.scatter(x, quality["rerank-ce"], facecolors="none", edgecolors="tab:orange",
+                       label="cross-encoder order alone" if variant is rows[0][0] else None)
+            ax.annotate(variant.name, (x, quality["rerank"]), fontsize=8, xytext=(4, 3), textcoords="offset points")
         ax.axhline(rows[0][1]["hybrid"], color="gray", linestyle="--", label=f"hybrid alone ({rows[0][1]['hybrid']:.4f})")
-        ax.set_xscale("log")
-        ax.set_xlabel("queries/s the model allows (pairs/s / depth), 2 threads")
-        ax.set_ylabel("SciFact test nDCG@10, fused rerank")
+        if by_served:
+            ax.axhline(0.74, color="tab:green", linestyle=":", label="goal: 0.74 and 5 req/s at 8 clients")
+            ax.axvline(5.0, color="tab:green", linestyle=":")
+            ax.set_xlabel("served hybrid + rerank requests/s at 8 clients (benchmarks/serve.py)")
+        else:
+            ax.set_xscale("log")
+            ax.set_xlabel("queries/s the model allows (pairs/s / depth), 2 threads")
+        ax.set_ylabel("SciFact test nDCG@10")
         ax.set_title("Reranker variants: quality against speed")
-        ax.legend(loc="lower left")
+        ax.legend(loc="lower left", fontsize=8)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=110)
         print(f"plot: {args.plot}")
