@@ -180,8 +180,8 @@ def eval_command(
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Write <mode>.trec run files here."),
     split: str = typer.Option("test", "--split"),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Model folder or hub repo id (default: LLMFRAME_RERANKER_MODEL)."),
-    rerank_depth: Optional[int] = typer.Option(None, "--rerank-depth", min=1, max=1000, help="Candidates rescored (default: LLMFRAME_RERANKER_DEPTH, 50)."),
-    precision: Optional[str] = typer.Option(None, "--reranker-precision", help="fp32 or int8 (default: LLMFRAME_RERANKER_PRECISION)."),
+    rerank_depth: Optional[int] = typer.Option(None, "--rerank-depth", min=1, max=1000, help="Candidates rescored (default: LLMFRAME_RERANKER_DEPTH, 30)."),
+    precision: Optional[str] = typer.Option(None, "--reranker-precision", help="fp32, int8 or auto (int8 where the model folder has model.int8.onnx; default: LLMFRAME_RERANKER_PRECISION, auto)."),
     index: Optional[Path] = typer.Option(None, "--index", help="Evaluate this index directory (e.g. built by `ingest`) instead of the cached one-shard build."),
 ) -> None:
     """Score retrieval modes (nDCG@10, Recall@100) on the judged queries of a BEIR collection."""

@@ -43,6 +43,13 @@ DEFAULT_MAX_LENGTH = 512
 class Precision(Choice):
     FP32 = "fp32"
     INT8 = "int8"
+    AUTO = "auto"  # int8 where the folder has its quantised file (a trained model), else fp32
+
+    def resolved(self, model_dir: Path, onnx_file: str | None) -> Precision:
+        if self is not Precision.AUTO:
+            return self
+        has_int8 = onnx_file is None and (Path(model_dir) / ONNX_FILES["int8"]).is_file()
+        return Precision.INT8 if has_int8 else Precision.FP32
 
 
 def read_card(model_dir: Path) -> dict:
@@ -121,7 +128,7 @@ class CrossEncoder:
         window: bool = False,
     ) -> None:
         self.model_dir = Path(model_dir)
-        self.precision = Precision.from_str(precision)
+        self.precision = Precision.from_str(precision).resolved(self.model_dir, onnx_file)
         onnx_path = self.model_dir / (onnx_file or ONNX_FILES[self.precision.value])
         missing = [p for p in (onnx_path, self.model_dir / "tokenizer.json") if not p.is_file()]
         if missing:

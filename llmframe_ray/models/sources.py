@@ -105,7 +105,7 @@ class RerankerModelParams:
     models_dir: Path = Path("models")
     revision: str | None = None
     onnx_file: str | None = None
-    precision: Precision = Precision.FP32
+    precision: Precision = Precision.AUTO  # int8 where the model folder has its quantised file
     batch_size: int = 32
     max_length: int | None = None
     threads: int | None = None

@@ -155,6 +155,18 @@ def test_the_encoder_reads_the_window(model_folder):
     assert not np.array_equal(plain.score(query, [passage]), plain.score(query, [fitted]))
 
 
+def test_auto_precision_takes_the_quantised_file_where_there_is_one(model_folder, tmp_path):
+    assert CrossEncoder(model_folder, precision="auto", max_length=MAX_LENGTH).precision.value == "int8"
+    # a hub repo's named ONNX file: fp32 unless its quantised file is named
+    assert CrossEncoder(model_folder, precision="auto", onnx_file="model.onnx").precision.value == "fp32"
+    fp32_only = tmp_path / "fp32-only"
+    shutil.copytree(model_folder, fp32_only)
+    (fp32_only / "model.int8.onnx").unlink()
+    assert CrossEncoder(fp32_only, precision="auto").precision.value == "fp32"
+    assert load_settings().params().reranker_model.precision.value == "auto"
+    assert load_settings().params().rerank.depth == 30
+
+
 def test_empty_candidate_list(model_folder):
     encoder = CrossEncoder(model_folder, max_length=MAX_LENGTH)
     assert encoder.score("q", []).shape == (0,)

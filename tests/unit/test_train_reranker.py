@@ -170,9 +170,10 @@ def test_eval_rerank_mode_writes_runs(trained, dataset_dir, settings, tmp_path):
     # same documents; below the reranked depth the hybrid order is kept
     assert sorted(r[2] for r in rerank) == sorted(h[2] for h in hybrid)
     assert [r[2] for r in rerank[3:]] == [h[2] for h in hybrid[3:]]
-    # at home: the eval's index is the training corpus's, so its centroid is the card's
+    # int8: the default precision (auto) takes the trained folder's quantised file; at home:
+    # the eval's index is the training corpus's, so its centroid is the card's
     assert result.stdout.splitlines()[-1] == (
-        f"reranker: {out} (fp32, depth 3, max length 48, fusion weight 1.000; domain similarity 1.000)"
+        f"reranker: {out} (int8, depth 3, max length 48, fusion weight 1.000; domain similarity 1.000)"
     )
     # a reranker trained on these judgments is refused
     refused = subprocess.run(args[:-2] + ["--split", "train"], env=env, capture_output=True, text=True, timeout=300)
