@@ -15,7 +15,7 @@ from llmframe_ray.generate.chain import ProviderParams, provider_chain
 from llmframe_ray.generate.extractive_provider import ExtractiveProvider
 from llmframe_ray.generate.fallback import FallbackProvider
 from llmframe_ray.generate.sessions import SessionParams, SessionStore, TokenLedger
-from llmframe_ray.index.domain import centroid, similarity
+from llmframe_ray.index.domain import shards_similarity
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import EmbedderParams, load_embedder
@@ -74,9 +74,7 @@ class LocalStages:
         return [float(s) for s in scores]
 
     async def rerank_similarity(self, version: str) -> float | None:
-        shards = self.pipeline.shards
-        card = getattr(self.reranker, "card", {})
-        return await asyncio.to_thread(similarity, card, centroid(shards), shards[0].manifest.model)
+        return await asyncio.to_thread(shards_similarity, getattr(self.reranker, "card", {}), self.pipeline.shards)
 
     async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion:
         return await self.provider.generate(messages, system=system, max_tokens=max_tokens, temperature=temperature)

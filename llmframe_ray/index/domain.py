@@ -9,7 +9,7 @@ HotpotQA -0.14 to -0.03.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -60,6 +60,14 @@ def similarity(card: Mapping[str, Any], vector: np.ndarray | None, model: Mappin
     if home.shape != vector.shape or not np.linalg.norm(home):
         return None
     return float(home @ vector / np.linalg.norm(home))
+
+
+def shards_similarity(card: Mapping[str, Any], shards: Sequence[IndexShard]) -> float | None:
+    """`similarity` of a card and the shards held in this process (their centroid is read only
+    when the card has a domain to compare it with)."""
+    if not shards or not isinstance(card.get("domain"), Mapping):
+        return None
+    return similarity(card, centroid(shards), shards[0].manifest.model)
 
 
 def version_centroid(index: IndexDirectory, version: str) -> tuple[np.ndarray | None, dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from llmframe_ray.errors import IndexLoadError, ModelError
-from llmframe_ray.index.domain import centroid, similarity
+from llmframe_ray.index.domain import shards_similarity
 from llmframe_ray.index.params import check_model
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.store import share_document_keys
@@ -68,9 +68,9 @@ class Pipeline:
     def domain_similarity(self) -> float | None:
         """Cosine of the reranker's training-corpus centroid and these shards' (index/domain.py);
         None without a reranker, a centroid in its card, or a weight set (nothing to decide)."""
-        if self.reranker is None or self.rerank.weight is not None or "domain" not in getattr(self.reranker, "card", {}):
+        if self.reranker is None or self.rerank.weight is not None:
             return None
-        return similarity(self.reranker.card, centroid(self.shards), self.shards[0].manifest.model)
+        return shards_similarity(getattr(self.reranker, "card", {}), self.shards)
 
     @classmethod
     def open(
