@@ -82,11 +82,12 @@ class Document(_Reducible):
 
 
 @dataclass(frozen=True)
-class Chunk:
+class Chunk(_Reducible):
     """A piece of one document, small enough for the embedder.
 
     `chunk_id` is derived from the document id, the position and the text, never from metadata.
-    `start`/`end` are character offsets of `text` in the document's text.
+    `start`/`end` are character offsets of `text` in the document's text. `metadata` is its
+    document's (index/metadata.py says which values filters can match).
     """
 
     chunk_id: str
@@ -97,6 +98,10 @@ class Chunk:
     start: int = 0
     end: int = 0
     n_tokens: int = 0
+    metadata: Mapping[str, object] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metadata", _frozen_mapping(self.metadata))
 
     @property
     def indexed_text(self) -> str:
@@ -104,9 +109,14 @@ class Chunk:
         return passage_text(self.title, self.text)
 
     def to_json(self) -> str:
-        """The chunk as one compact JSON object (every field): stored, staged and fingerprinted
-        in this form."""
+        """The chunk as one compact JSON object (every field; `metadata` only when it is not
+        empty, so a chunk without metadata keeps the form, and fingerprint, it always had):
+        stored, staged and fingerprinted in this form."""
         record = {f.name: getattr(self, f.name) for f in fields(self)}
+        if record["metadata"]:
+            record["metadata"] = dict(record["metadata"])
+        else:
+            del record["metadata"]
         return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
@@ -153,9 +163,11 @@ class Hit(_Reducible):
     rank: int
     title: str = ""
     ranks: Mapping[str, int] = field(default_factory=dict, hash=False)
+    metadata: Mapping[str, object] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", _frozen_mapping(self.ranks))
+        object.__setattr__(self, "metadata", _frozen_mapping(self.metadata))
 
     @property
     def passage(self) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from llmframe_ray.index.metadata import namespace_of
 from llmframe_ray.index.params import IndexParams
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.sparse import CorpusStats, SparseParams, corpus_stats
@@ -58,11 +59,11 @@ def collect_shard(
     part.mkdir(parents=True)
     ChunkStore.from_chunks(chunks).save(part)
     np.save(part / VECTORS_FILE, np.vstack(vectors), allow_pickle=False)
-    return corpus_stats([c.indexed_text for c in chunks], sparse)
+    return corpus_stats([c.indexed_text for c in chunks], sparse, [namespace_of(c.doc_id) for c in chunks])
 
 
 def shard_stats(old_dir: str) -> CorpusStats:
-    return IndexShard.load(old_dir, mmap=True).sparse.stats()
+    return IndexShard.load(old_dir, mmap=True).bm25_stats()
 
 
 def finish_shard(

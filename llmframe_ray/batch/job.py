@@ -14,11 +14,12 @@ file system). One run per index directory at a time (a lock file enforces it).
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from llmframe_ray.batch.plan import PlanError, make_plan, stored_fingerprints
 from llmframe_ray.batch.report import REPORT_FILE, IngestResult, Skipped
@@ -26,6 +27,7 @@ from llmframe_ray.batch.session import ray_session
 from llmframe_ray.batch.staging import Staging, staging_key
 from llmframe_ray.config import Params
 from llmframe_ray.index import atomic
+from llmframe_ray.index.metadata import DEFAULT_NAMESPACE
 from llmframe_ray.index.params import IndexParams
 from llmframe_ray.index.sparse import CorpusStats, corpus_info
 from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
@@ -42,6 +44,17 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True)
+class SourceFile:
+    """One file to ingest as resolved: its document id (a JSON Lines file's records keep their
+    own), metadata to add to its documents' and the namespace they go to."""
+
+    path: str
+    doc_id: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    namespace: str = DEFAULT_NAMESPACE
+
+
 def ingest(
     sources: Sequence[str | Path],
     index_dir: str | Path,
@@ -50,9 +63,16 @@ def ingest(
     shards: int | None = None,
     deletes: Sequence[str] = (),
     log: Log = _stderr,
+    namespace: str = DEFAULT_NAMESPACE,
+    files: Sequence[SourceFile] = (),
 ) -> IngestResult:
-    """Run one ingestion into `index_dir` (see the module docstring)."""
-    files = resolve_sources(sources) if sources else []
+    """Run one ingestion into `index_dir` (see the module docstring). `sources` (files, folders,
+    globs) go to `namespace`; `files` are already resolved, each with its own namespace;
+    `deletes` are stored ids (index/metadata.py: internal_id)."""
+    files = [
+        *(SourceFile(str(path), doc_id, namespace=namespace) for path, doc_id in (resolve_sources(sources) if sources else [])),
+        *files,
+    ]
     if not files and not deletes:
         raise PlanError("nothing to do: give at least one source or --delete DOC_ID")
     embedder = load_embedder(params.embedder)
@@ -206,7 +226,10 @@ def _read_and_chunk(files, n_shards: int, embedder: EmbedderParams, index: Index
     from llmframe_ray.batch.stages import ChunkDocuments, read_file
 
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    items = [{"file_no": i, "path": str(path), "doc_id": doc_id} for i, (path, doc_id) in enumerate(files)]
+    items = [
+        {"file_no": i, "path": f.path, "doc_id": f.doc_id, "metadata": json.dumps(dict(f.metadata)), "namespace": f.namespace}
+        for i, f in enumerate(files)
+    ]
     ds = ray.data.from_items(items, override_num_blocks=min(len(items), 4 * cpus))
     # half a CPU each, so that read tasks can run beside the chunking actors even on one CPU
     ds = ds.flat_map(read_file, fn_kwargs={"max_bytes": max_file_bytes}, num_cpus=0.5)

@@ -9,11 +9,13 @@ Every row of a stage has the same columns; failures are rows with `error` set, n
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from llmframe_ray.index.metadata import DEFAULT_NAMESPACE, internal_id
 from llmframe_ray.index.params import IndexParams
 from llmframe_ray.models.embedder import EmbedderParams, load_embedder
 from llmframe_ray.errors import DocumentReadError
@@ -24,7 +26,7 @@ from llmframe_ray.batch.plan import (
 from llmframe_ray.batch.staging import Staging
 from llmframe_ray.types import Chunk, Document
 
-DOC_COLUMNS = ("file_no", "line", "path", "doc_id", "title", "text", "error")
+DOC_COLUMNS = ("file_no", "line", "path", "doc_id", "title", "text", "metadata", "error")
 CHUNK_COLUMNS = (
     "file_no", "line", "path", "doc_id", "error", "shard", "doc_fp", "chunk_fp", "position", "chunk",
 )
@@ -37,17 +39,20 @@ def read_file(row: Mapping[str, Any], max_bytes: int = DEFAULT_MAX_FILE_BYTES) -
     try:
         for _, line, item in read_file_records(path, row["doc_id"], max_bytes):
             if isinstance(item, DocumentReadError):
-                out.append(_doc_row(file_no, line, path, "", "", "", item.reason))
+                out.append(_doc_row(file_no, line, path, "", "", "", {}, item.reason))
             else:
-                out.append(_doc_row(file_no, line, path, item.doc_id, item.title, item.text, ""))
+                metadata = {**item.metadata, **json.loads(row.get("metadata") or "{}")}
+                doc_id = internal_id(row.get("namespace") or DEFAULT_NAMESPACE, item.doc_id)
+                out.append(_doc_row(file_no, line, path, doc_id, item.title, item.text, metadata, ""))
     except Exception as exc:  # a reader bug must not take the whole job down: report the file
-        out.append(_doc_row(file_no, 0, path, "", "", "", f"unexpected {type(exc).__name__}: {exc}"))
+        out.append(_doc_row(file_no, 0, path, "", "", "", {}, f"unexpected {type(exc).__name__}: {exc}"))
     return out
 
 
-def _doc_row(file_no: int, line: int, path: Path, doc_id: str, title: str, text: str, error: str) -> dict[str, Any]:
+def _doc_row(file_no: int, line: int, path: Path, doc_id: str, title: str, text: str,
+             metadata: Mapping[str, Any], error: str) -> dict[str, Any]:
     return {"file_no": file_no, "line": line, "path": str(path), "doc_id": doc_id,
-            "title": title, "text": text, "error": error}
+            "title": title, "text": text, "metadata": json.dumps(dict(metadata), ensure_ascii=False), "error": error}
 
 
 class ChunkDocuments:
@@ -63,7 +68,10 @@ class ChunkDocuments:
         out: dict[str, list[Any]] = {name: [] for name in CHUNK_COLUMNS}
         rows = [dict(zip(DOC_COLUMNS, values)) for values in zip(*(batch[c] for c in DOC_COLUMNS))]
         docs = [r for r in rows if not r["error"]]
-        as_docs = [Document(str(r["doc_id"]), str(r["text"]), title=str(r["title"])) for r in docs]
+        as_docs = [
+            Document(str(r["doc_id"]), str(r["text"]), title=str(r["title"]), metadata=json.loads(str(r["metadata"])))
+            for r in docs
+        ]
         try:
             chunked = self.chunker.chunk_many(as_docs)
         except Exception:  # find the document that fails; the others go on

@@ -27,6 +27,9 @@ from llmframe_ray.index import atomic, prefilter
 from llmframe_ray.types import Choice
 
 
+EXACT_FILTER_ROWS = 65536  # an IVF index scores up to this many filtered rows exactly
+
+
 class DenseIndexKind(Choice):
     FLAT = "flat"
     HNSW = "hnsw"
@@ -201,6 +204,47 @@ class DenseIndex:
             return self._exact_search(queries, k)
         scores, rows = self._index.search(queries, k)
         return _sort_rows(scores, rows)
+
+    def search_within(self, queries: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The best `min(k, allowed rows)` of the rows `allowed` (a bool array) marks, per query:
+        `(scores, rows)` as `search` returns them, a list per query (lengths may be below k).
+
+        Exact for every kind while the allowed rows are at most EXACT_FILTER_ROWS (and always
+        for flat and HNSW, whose flat storage is scored directly with FAISS's own kernel, the
+        same float32 scores a flat search gives): the cost follows the rows allowed, so a
+        selective filter is cheap. An IVF index with more allowed rows searches its lists
+        with an id selector (approximate, like its unfiltered search)."""
+        _positive_int("k", k)
+        queries = _check_matrix("queries", queries, self.dim)
+        rows = np.flatnonzero(np.asarray(allowed, dtype=bool)).astype(np.int64)
+        k = min(k, len(rows))
+        if k == 0:
+            empty = (np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64))
+            return [empty[0]] * len(queries), [empty[1]] * len(queries)
+        storage = self._flat_storage()
+        if storage is None and len(rows) > EXACT_FILTER_ROWS:
+            selector = faiss.IDSelectorBatch(len(rows), faiss.swig_ptr(rows))
+            search = faiss.SearchParametersIVF(sel=selector, nprobe=self.params.ivf_nprobe)
+            scores, found = _sort_rows(*self._index.search(queries, k, params=search))
+            return [s[r >= 0] for s, r in zip(scores, found)], [r[r >= 0] for r in found]
+        vectors = storage if storage is not None else self.vectors(rows)
+        ids = rows if storage is not None else np.arange(len(rows), dtype=np.int64)
+        scorer = prefilter.Int8Prefilter.rescore_flat
+        out_scores, out_rows = [], []
+        for query in queries:
+            scores = scorer(vectors, query, ids)
+            order = np.lexsort((rows, -scores))[:k]
+            out_scores.append(scores[order])
+            out_rows.append(rows[order])
+        return out_scores, out_rows
+
+    def _flat_storage(self) -> np.ndarray | None:
+        """The (n, d) float32 vectors a flat or HNSW index stores (a view), else None."""
+        if self.params.kind is DenseIndexKind.FLAT:
+            return prefilter.stored(self._index)
+        if self.params.kind is DenseIndexKind.HNSW:
+            return prefilter.stored(faiss.downcast_index(self._index.storage))
+        return None
 
     def int8_prefilter(self) -> prefilter.Int8Prefilter | None:
         """The int8 prefilter of a flat index (None for an ANN one), made on first use (two

@@ -78,7 +78,7 @@ class Int8Prefilter:
     @classmethod
     def of(cls, *indexes: faiss.IndexFlat) -> Int8Prefilter:
         """The prefilter of one flat index, or of several numbered one after another."""
-        made = cls([_stored(index) for index in indexes])
+        made = cls([stored(index) for index in indexes])
         made._owners = indexes  # the arrays are views of their storage: keep it alive
         return made
 
@@ -113,6 +113,25 @@ class Int8Prefilter:
         bound = norm * self._row_bound + (scan_error + slack)
         return center, bound
 
+    @staticmethod
+    def rescore_flat(vectors: np.ndarray, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """FAISS's own float32 inner products of `query` with `vectors[rows]` (the bits a flat
+        search gives), one OpenMP iteration."""
+        scores = np.empty(len(rows), dtype=np.float32)
+        query = np.ascontiguousarray(query, dtype=np.float32)
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
+        try:
+            faiss.fvec_inner_products_by_idx(
+                faiss.swig_ptr(scores), faiss.swig_ptr(query), faiss.swig_ptr(vectors),
+                faiss.swig_ptr(rows), vectors.shape[1], 1, len(rows),
+            )
+        finally:
+            faiss.omp_set_num_threads(threads)
+        return scores
+
     def rescore(self, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """FAISS's own float32 scores of `rows` (int64, ascending where there are several
         parts) for one query."""
@@ -143,7 +162,7 @@ class Int8Prefilter:
         return scores
 
 
-def _stored(index: faiss.IndexFlat) -> np.ndarray:
+def stored(index: faiss.IndexFlat) -> np.ndarray:
     """A flat index's vectors, as the (n, d) float32 array it stores (no copy)."""
     n, d = int(index.ntotal), int(index.d)
     return faiss.rev_swig_ptr(index.get_xb(), n * d).reshape(n, d)

@@ -25,6 +25,7 @@ import numpy as np
 from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.index import atomic
 from llmframe_ray.index.dense import DenseIndex, DenseParams
+from llmframe_ray.index.metadata import Filter, namespace_of
 from llmframe_ray.index.manifest import MANIFEST_NAME, Manifest, describe_file
 from llmframe_ray.index.sparse import CorpusStats, SparseIndex, SparseParams
 from llmframe_ray.index.store import ChunkStore
@@ -152,7 +153,9 @@ class IndexShard:
             chunks = [chunks[i] for i in order]
             embeddings = np.ascontiguousarray(np.asarray(embeddings)[order])
         dense_index = DenseIndex.build(embeddings, dense)
-        sparse_index = SparseIndex.build([c.indexed_text for c in chunks], sparse, corpus)
+        sparse_index = SparseIndex.build(
+            [c.indexed_text for c in chunks], sparse, corpus, [namespace_of(c.doc_id) for c in chunks]
+        )
         store = ChunkStore.from_chunks(chunks)
         manifest = Manifest(
             model=dict(model),
@@ -193,7 +196,9 @@ class IndexShard:
         old = cls.load(source, mmap=True)
         if Path(path).exists():
             raise FileExistsError(f"{path} already exists; a shard is written once, to a new path")
-        sparse = SparseIndex.build([c.indexed_text for c in old.store], old.sparse.params, corpus)
+        sparse = SparseIndex.build(
+            [c.indexed_text for c in old.store], old.sparse.params, corpus, old.row_namespaces()
+        )
         linked = {
             name: entry for name, entry in old.manifest.files.items()
             if not name.startswith(f"{SPARSE_DIR}/")
@@ -243,12 +248,28 @@ class IndexShard:
     def __len__(self) -> int:
         return len(self.store)
 
+    def row_namespaces(self) -> list[str]:
+        """The namespace of each row's document."""
+        documents = self.store.documents
+        return [documents.namespaces[c] for c in documents.namespace_codes[self.store.doc_index].tolist()]
+
+    def bm25_stats(self) -> CorpusStats:
+        """This shard's own BM25 statistics, by namespace (to be merged with the others')."""
+        return self.sparse.stats(self.row_namespaces())
+
     def search_dense(self, query_vectors: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
         """Per query, up to `k` (row, cosine) pairs, best first (ties: lower row first)."""
         return [_pairs(rows, scores) for rows, scores in self.search_dense_arrays(query_vectors, k)]
 
-    def search_dense_arrays(self, query_vectors: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per query, (rows, float32 scores) of up to `k` rows, best first."""
+    def search_dense_arrays(
+        self, query_vectors: np.ndarray, k: int, where: Filter | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per query, (rows, float32 scores) of up to `k` rows, best first; with `where`, of the
+        rows whose documents it selects (DenseIndex.search_within)."""
+        allowed = None if where is None else self.store.row_mask(where)
+        if allowed is not None:
+            scores, rows = self.dense.search_within(query_vectors, k, allowed)
+            return list(zip(rows, scores))
         scores, rows = self.dense.search(query_vectors, k)
         if rows.size and rows[:, -1].min() >= 0:  # every slot filled (always for an exact index)
             return list(zip(rows, scores))
@@ -258,8 +279,11 @@ class IndexShard:
         """Per query, up to `k` (row, BM25 score) pairs with a positive score, best first."""
         return [_pairs(rows, scores) for rows, scores in self.sparse.search_arrays(queries, k)]
 
-    def search_sparse_arrays(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        return self.sparse.search_arrays(queries, k)
+    def search_sparse_arrays(
+        self, queries: Sequence[str], k: int, where: Filter | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        allowed = None if where is None else self.store.row_mask(where)
+        return self.sparse.search_arrays(queries, k, allowed)
 
     def chunk(self, row: int) -> Chunk:
         return self.store.get(row)

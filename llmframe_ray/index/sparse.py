@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
@@ -26,12 +26,15 @@ import numpy as np
 import Stemmer
 
 from llmframe_ray.index import atomic
+from llmframe_ray.index.corpus import CorpusStats
+from llmframe_ray.index.metadata import DEFAULT_NAMESPACE
 from llmframe_ray.index.sparse_top import bm25_top
 
 METHODS = ("lucene",)
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 _ANALYZER_FILE = "analyzer.json"
 _LENGTHS_FILE = "doc_lengths.npy"
+_NO_MASK = np.zeros(0, dtype=np.bool_)
 
 
 def stopword_list(name: str | None) -> list[str]:
@@ -74,39 +77,6 @@ class SparseParams:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SparseParams:
         return cls(**dict(data))
-
-
-@dataclass(frozen=True)
-class CorpusStats:
-    """The corpus statistics BM25 depends on, in a form shards can add up.
-
-    `doc_freqs` maps each analysed term (a stem when stemming) to the number of documents
-    holding it; `n_tokens` is the total of the documents' lengths in terms.
-    """
-
-    n_docs: int
-    n_tokens: int
-    doc_freqs: Mapping[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "doc_freqs", MappingProxyType(dict(self.doc_freqs)))
-
-    @property
-    def avg_doc_length(self) -> float:
-        return self.n_tokens / self.n_docs if self.n_docs else 0.0
-
-    @classmethod
-    def merge(cls, parts: Sequence[CorpusStats]) -> CorpusStats:
-        """The statistics of the union of disjoint corpora."""
-        freqs: dict[str, int] = {}
-        for part in parts:
-            for term, df in part.doc_freqs.items():
-                freqs[term] = freqs.get(term, 0) + df
-        return cls(
-            n_docs=sum(p.n_docs for p in parts),
-            n_tokens=sum(p.n_tokens for p in parts),
-            doc_freqs=freqs,
-        )
 
 
 class Analyzer:
@@ -177,12 +147,14 @@ class SparseIndex:
 
     @classmethod
     def build(
-        cls, texts: Sequence[str], params: SparseParams, corpus: CorpusStats | None = None
+        cls, texts: Sequence[str], params: SparseParams, corpus: CorpusStats | None = None,
+        namespaces: Sequence[str] | None = None,
     ) -> SparseIndex:
         """Index `texts`. BM25's corpus statistics (document frequencies, document count, average
         length) are the texts' own, or `corpus`'s: the statistics of the whole corpus when the
         texts are one shard of it. Every shard scored with the same `corpus` ranks exactly as one
-        index over all the texts would (see `corpus_wide`)."""
+        index over all the texts would (see `corpus_wide`). `namespaces` (one per text; None:
+        all default) scores each text with its namespace's statistics."""
         if len(texts) == 0:
             raise ValueError("cannot build a sparse index from zero texts")
         analyzer = Analyzer(params.stemmer, stopword_list(params.stopwords))
@@ -191,13 +163,20 @@ class SparseIndex:
         for text in texts:
             corpus_ids.append([vocab.setdefault(t, len(vocab)) for t in analyzer.terms(text)])
         lengths = np.array([len(ids) for ids in corpus_ids], dtype=np.int64)
-        own = _own_stats(corpus_ids, vocab, lengths)
+        spaces = np.asarray(namespaces if namespaces is not None else [DEFAULT_NAMESPACE] * len(texts), dtype=object)
+        if len(spaces) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(spaces)} namespaces")
+        groups = {ns: np.flatnonzero(spaces == ns) for ns in sorted(set(spaces.tolist()))}
+        own = CorpusStats.of_namespaces({
+            ns: _own_stats([corpus_ids[i] for i in rows], vocab, lengths[rows]) for ns, rows in groups.items()
+        })
         if corpus is None:
             corpus = own
         else:
-            _check_covers(corpus, own)
+            for ns in groups:
+                _check_covers(corpus.of_namespace(ns), own.of_namespace(ns))
         bm25 = bm25s.BM25(k1=params.k1, b=params.b, method=params.method)
-        bm25.scores = _lucene_matrix(corpus_ids, vocab, lengths, corpus, params)
+        bm25.scores = _lucene_matrix(corpus_ids, vocab, lengths, corpus, params, spaces)
         bm25.vocab_dict = vocab
         bm25.unique_token_ids_set = set(vocab.values())
         bm25.nonoccurrence_array = None  # Lucene BM25 scores only the terms a document holds
@@ -227,30 +206,52 @@ class SparseIndex:
         """
         return [list(zip(rows.tolist(), scores.tolist())) for rows, scores in self.search_arrays(queries, k)]
 
-    def search_arrays(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """`search` as (rows int64, scores) arrays per query."""
+    def search_arrays(
+        self, queries: Sequence[str], k: int, allowed: np.ndarray | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`search` as (rows int64, scores) arrays per query; with `allowed` (a bool array over
+        the rows), the best of the allowed rows only."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         if isinstance(queries, str):
             raise ValueError("queries must be a sequence of strings, not one string")
-        return [self.top_of_terms(self.analyzer.terms(query), k) for query in queries]
+        return [self.top_of_terms(self.analyzer.terms(query), k, allowed) for query in queries]
 
-    def top_of_terms(self, terms: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    def top_of_terms(
+        self, terms: Sequence[str], k: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The best `min(k, len(self))` rows (with a positive score) for a query already
-        analysed into `terms` (by this index's analyzer, or one with the same `key`)."""
+        analysed into `terms` (by this index's analyzer, or one with the same `key`); with
+        `allowed`, among the rows it marks true only (an exact filter: never fewer than `k` rows
+        while enough allowed rows score)."""
         matrix = self._bm25.scores
         data, indices, indptr = (np.asarray(matrix[key]) for key in ("data", "indices", "indptr"))
         ids = np.asarray(self._vocab_ids(terms), dtype=np.int64)
-        return bm25_top(data, indices, indptr, len(self), ids, min(k, len(self)))
+        mask = _NO_MASK if allowed is None else np.asarray(allowed, dtype=np.bool_)
+        return bm25_top(data, indices, indptr, len(self), ids, min(k, len(self)), mask)
 
-    def stats(self) -> CorpusStats:
-        """Document count, total length and per-term document frequencies (computed here)."""
-        indptr = np.asarray(self._bm25.scores["indptr"])
+    def stats(self, namespaces: Sequence[str] | None = None) -> CorpusStats:
+        """Document count, total length and per-term document frequencies (computed here), by
+        namespace when `namespaces` (one per row) names any but the default."""
+        matrix = self._bm25.scores
+        indptr = np.asarray(matrix["indptr"])
+        lengths = np.asarray(self._doc_lengths)
         # Column t of the score matrix has one entry per document holding term t (Lucene idf is
         # always positive, so no entry is zero).
-        counts = np.diff(indptr)
-        freqs = {term: int(counts[tid]) for term, tid in self._bm25.vocab_dict.items()}
-        return CorpusStats(len(self), int(np.sum(self._doc_lengths)), freqs)
+        if namespaces is None or set(namespaces) <= {DEFAULT_NAMESPACE}:
+            counts = np.diff(indptr)
+            freqs = {term: int(counts[tid]) for term, tid in self._bm25.vocab_dict.items()}
+            return CorpusStats(len(self), int(np.sum(lengths)), freqs)
+        spaces = np.asarray(namespaces, dtype=object)
+        columns = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+        rows = np.asarray(matrix["indices"])
+        parts = {}
+        for ns in sorted(set(spaces.tolist())):
+            mine = spaces == ns
+            counts = np.bincount(columns[mine[rows]], minlength=len(indptr) - 1)
+            freqs = {term: int(counts[tid]) for term, tid in self._bm25.vocab_dict.items() if counts[tid]}
+            parts[ns] = CorpusStats(int(mine.sum()), int(lengths[mine].sum()), freqs)
+        return CorpusStats.of_namespaces(parts)
 
     def save(self, directory: str | Path) -> None:
         """Write the index files into `directory` (created when missing).
@@ -283,8 +284,11 @@ class SparseIndex:
         return cls(bm25, analyzer, params, lengths, saved.get("corpus"))
 
 
-def corpus_info(stats: CorpusStats) -> dict[str, int]:
-    return {"n_docs": stats.n_docs, "n_tokens": stats.n_tokens}
+def corpus_info(stats: CorpusStats) -> dict[str, Any]:
+    info: dict[str, Any] = {"n_docs": stats.n_docs, "n_tokens": stats.n_tokens}
+    if stats.parts:
+        info["namespaces"] = {ns: {"n_docs": p.n_docs, "n_tokens": p.n_tokens} for ns, p in stats.parts.items()}
+    return info
 
 
 def _own_stats(corpus_ids: list[list[int]], vocab: dict[str, int], lengths: np.ndarray) -> CorpusStats:
@@ -315,11 +319,13 @@ def _lucene_matrix(
     lengths: np.ndarray,
     corpus: CorpusStats,
     params: SparseParams,
+    namespaces: np.ndarray,
 ) -> dict[str, Any]:
     """bm25s's eager score matrix (CSC: one column per term) with Lucene BM25 computed from
     `corpus`'s statistics: idf = ln(1 + (N - df + 0.5) / (df + 0.5)), tf saturation with
-    the corpus average length. Each entry depends only on its own (tf, length, df, N, avg),
-    so the same text gets the same entries in any shard layout."""
+    the corpus average length, each row with its namespace's statistics. Each entry depends
+    only on its own (tf, length, df, N, avg), so the same text gets the same entries in any
+    shard layout."""
     import scipy.sparse as sp
 
     n_docs, n_vocab = len(corpus_ids), len(vocab)
@@ -327,18 +333,24 @@ def _lucene_matrix(
     cols = np.fromiter((t for ids in corpus_ids for t in ids), dtype=np.int64, count=int(lengths.sum()))
     pairs, tf = np.unique(rows * max(n_vocab, 1) + cols, return_counts=True)
     rows, cols = pairs // max(n_vocab, 1), pairs % max(n_vocab, 1)
-    df = np.zeros(n_vocab, dtype=np.float64)
-    for term, tid in vocab.items():
-        df[tid] = corpus.doc_freqs[term]
-    idf = np.log(1.0 + (corpus.n_docs - df + 0.5) / (df + 0.5))
-    norm = params.k1 * (1.0 - params.b + params.b * lengths / corpus.avg_doc_length)
     tf = tf.astype(np.float64)
-    values = (idf[cols] * tf / (tf + norm[rows])).astype(np.float32)
+    values = np.empty(len(rows), dtype=np.float32)
+    names, codes = np.unique(namespaces.astype(str), return_inverse=True)
+    entry_codes = codes[rows]
+    for code, ns in enumerate(names.tolist()):
+        stats = corpus.of_namespace(ns)
+        df = np.zeros(n_vocab, dtype=np.float64)
+        for term, tid in vocab.items():
+            df[tid] = stats.doc_freqs.get(term, 0)
+        idf = np.log(1.0 + (stats.n_docs - df + 0.5) / (df + 0.5))
+        norm = params.k1 * (1.0 - params.b + params.b * lengths / stats.avg_doc_length)
+        mine = entry_codes == code if len(names) > 1 else slice(None)
+        values[mine] = (idf[cols[mine]] * tf[mine] / (tf[mine] + norm[rows[mine]])).astype(np.float32)
     matrix = sp.csc_matrix((values, (rows, cols)), shape=(n_docs, n_vocab), dtype=np.float32)
     return {"data": matrix.data, "indices": matrix.indices, "indptr": matrix.indptr, "num_docs": n_docs}
 
 
-def corpus_stats(texts: Sequence[str], params: SparseParams) -> CorpusStats:
+def corpus_stats(texts: Sequence[str], params: SparseParams, namespaces: Sequence[str] | None = None) -> CorpusStats:
     """The BM25 statistics of one shard's texts, to be merged with the other shards' (the first
     of the two passes of a sharded build; see SparseIndex.build)."""
-    return SparseIndex.build(list(texts), params).stats()
+    return SparseIndex.build(list(texts), params, namespaces=namespaces).stats(namespaces)

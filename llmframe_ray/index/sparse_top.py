@@ -14,8 +14,11 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def bm25_top(data, indices, indptr, n_rows, terms, k):  # pragma: no cover - compiled
+def bm25_top(data, indices, indptr, n_rows, terms, k, allowed):  # pragma: no cover - compiled
     """One query's best `k` rows: (rows, scores), score descending, then row ascending.
+
+    `allowed` is a bool array over the rows (a filter: only rows where it is true count) or an
+    empty array (every row counts).
 
     A row's score is the float32 sum of its entries in the query terms' columns, added term by
     term in the query's order (as bm25s adds them). Lucene entries are all positive, so the rows
@@ -39,10 +42,13 @@ def bm25_top(data, indices, indptr, n_rows, terms, k):  # pragma: no cover - com
     heap_rows = np.empty(size, dtype=np.int64)
     heap_scores = np.empty(size, dtype=np.float32)
     kept = 0
+    masked = len(allowed) > 0
     for i in range(n):
         row = touched[i]
         score = scores[row]
         if score <= 0:  # not reached with Lucene entries; keeps the "positive score" contract
+            continue
+        if masked and not allowed[row]:
             continue
         if kept < size:
             # sift up: a parent is never better than its children

@@ -5,6 +5,8 @@ Files (all written atomically):
     chunks.offsets.npy    int64, n + 1 byte offsets; record i is bin[offsets[i]:offsets[i + 1]]
     chunks.docs.json      the distinct doc ids, in order of first appearance
     chunks.doc_index.npy  int32, n: row -> position of its doc id in chunks.docs.json
+    chunks.metadata.json  each document's metadata, in chunks.docs.json's order (written only
+                          when some document has metadata; absent: none has)
 
 With `mmap`, chunks.bin and the two arrays are memory-mapped; only chunks.docs.json is read.
 """
@@ -13,18 +15,23 @@ from __future__ import annotations
 
 import copy as copy_module
 import json
+import threading
+from collections import OrderedDict
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from llmframe_ray.index import atomic
+from llmframe_ray.index.metadata import DocumentMetadata, Filter
 from llmframe_ray.types import Chunk
 
 BIN_FILE = "chunks.bin"
 OFFSETS_FILE = "chunks.offsets.npy"
 DOCS_FILE = "chunks.docs.json"
 DOC_INDEX_FILE = "chunks.doc_index.npy"
+METADATA_FILE = "chunks.metadata.json"
+MASKS_KEPT = 64  # filters whose row masks a store keeps
 
 class ChunkStore:
     """Chunks by row. Build one with `from_chunks`, persist with `save`, reopen with `load`."""
@@ -35,6 +42,7 @@ class ChunkStore:
         offsets: np.ndarray,
         doc_table: Sequence[str],
         doc_index: np.ndarray,
+        doc_metadata: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         if len(offsets) != len(doc_index) + 1:
             raise ValueError(
@@ -47,6 +55,14 @@ class ChunkStore:
         self._offsets = _plain(offsets)
         self.doc_table = tuple(doc_table)
         self.doc_index = _plain(doc_index)
+        if doc_metadata is not None and len(doc_metadata) != len(self.doc_table):
+            raise ValueError(f"chunk store has {len(self.doc_table)} documents but {len(doc_metadata)} metadata objects")
+        self.doc_metadata: Sequence[Mapping[str, Any]] = (
+            doc_metadata if doc_metadata is not None else [{}] * len(self.doc_table)
+        )
+        self._documents: DocumentMetadata | None = None
+        self._masks: OrderedDict[Filter, np.ndarray | None] = OrderedDict()
+        self._lock = threading.Lock()
         self._doc_ids: list[str] | None = None
         self._doc_strings: np.ndarray | None = None
         self._doc_keys: np.ndarray | None = None  # see share_document_keys
@@ -57,11 +73,15 @@ class ChunkStore:
         offsets = np.zeros(len(records) + 1, dtype=np.int64)
         np.cumsum([len(r) for r in records], out=offsets[1:])
         positions: dict[str, int] = {}
-        doc_index = np.array(
-            [positions.setdefault(c.doc_id, len(positions)) for c in chunks], dtype=np.int32
-        )
+        metadata: list[Mapping[str, Any]] = []
+        codes = []
+        for c in chunks:
+            if c.doc_id not in positions:
+                positions[c.doc_id] = len(positions)
+                metadata.append(dict(c.metadata))
+            codes.append(positions[c.doc_id])
         data = np.frombuffer(b"".join(records), dtype=np.uint8)
-        return cls(data, offsets, list(positions), doc_index)
+        return cls(data, offsets, list(positions), np.array(codes, dtype=np.int32), metadata)
 
     def __len__(self) -> int:
         return len(self.doc_index)
@@ -109,6 +129,30 @@ class ChunkStore:
         return self._doc_ids
 
     @property
+    def documents(self) -> DocumentMetadata:
+        """The documents' metadata and namespaces, as filter columns (built on first use)."""
+        if self._documents is None:
+            self._documents = DocumentMetadata(self.doc_table, self.doc_metadata)
+        return self._documents
+
+    def row_mask(self, where: Filter) -> np.ndarray | None:
+        """The rows whose documents `where` selects (None: every row); the masks of the last
+        MASKS_KEPT filters are kept."""
+        if where.empty:
+            return None
+        with self._lock:
+            if where in self._masks:
+                self._masks.move_to_end(where)
+                return self._masks[where]
+        docs = self.documents.mask(where)
+        rows = None if docs is None else docs[self.doc_index]
+        with self._lock:
+            self._masks[where] = rows
+            while len(self._masks) > MASKS_KEPT:
+                self._masks.popitem(last=False)
+        return rows
+
+    @property
     def n_documents(self) -> int:
         return len(self.doc_table)
 
@@ -125,6 +169,8 @@ class ChunkStore:
         atomic.write_array(directory / OFFSETS_FILE, np.asarray(self._offsets, dtype=np.int64))
         atomic.write_json(directory / DOCS_FILE, list(self.doc_table))
         atomic.write_array(directory / DOC_INDEX_FILE, np.asarray(self.doc_index, dtype=np.int32))
+        if any(self.doc_metadata):
+            atomic.write_json(directory / METADATA_FILE, [dict(m) for m in self.doc_metadata])
 
     def _write_data(self, path: Path, block: int = 1 << 24) -> None:
         with open(path, "wb") as f:
@@ -147,7 +193,9 @@ class ChunkStore:
             raise ValueError(
                 f"{bin_path} has {len(data)} bytes but its offsets end at {int(offsets[-1])}"
             )
-        return cls(data, offsets, doc_table, doc_index)
+        meta_path = directory / METADATA_FILE
+        metadata = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else None
+        return cls(data, offsets, doc_table, doc_index, metadata)
 
 
 def _plain(array: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from llmframe_ray.index.metadata import namespace_of
 from llmframe_ray.index.params import IndexParams
 from llmframe_ray.index.shard import IndexShard, shard_of
 from llmframe_ray.index.sparse import CorpusStats, corpus_stats
@@ -128,7 +129,10 @@ def publish_shards(
         raise ValueError(f"shards must be >= 1, got {shards}")
     rows = [[i for i, c in enumerate(chunks) if shard_of(c.doc_id, shards) == s] for s in range(shards)]
     corpus = CorpusStats.merge(
-        [corpus_stats([chunks[i].indexed_text for i in part], params.sparse) for part in rows if part]
+        [
+            corpus_stats([chunks[i].indexed_text for i in part], params.sparse, [namespace_of(chunks[i].doc_id) for i in part])
+            for part in rows if part
+        ]
     )
     version, tmp = directory.stage()
     try:

@@ -328,6 +328,7 @@ class Chunker:
                     start=start,
                     end=end,
                     n_tokens=n_tokens,
+                    metadata=doc.metadata,
                 )
             )
         return chunks

@@ -24,6 +24,7 @@ import numpy as np
 
 from llmframe_ray.index import prefilter
 from llmframe_ray.index.dense import DenseIndex
+from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.retrieve.candidates import ShardAnswer, concat_keys
 
@@ -31,18 +32,18 @@ from llmframe_ray.retrieve.candidates import ShardAnswer, concat_keys
 Held = Sequence[tuple[int, IndexShard | None]]
 
 
-def search_together(shards: Held, bm25: bool, inputs: Any, k: int) -> ShardAnswer:
+def search_together(shards: Held, bm25: bool, inputs: Any, k: int, where: Filter | None = None) -> ShardAnswer:
     """The merged top `k` of `shards` for each query (texts for BM25, else float32 vectors),
-    with each hit's shard in the answer's `shards`."""
+    with each hit's shard in the answer's `shards`; with `where`, of the rows it selects."""
     live = [(i, shard) for i, shard in shards if shard is not None and len(shard)]
     n_queries = len(inputs)
     if not live:
         return ShardAnswer.empty(n_queries)
     k = min(k, sum(len(shard) for _, shard in live))
     if bm25:
-        per_query = _bm25(live, list(inputs), k)
+        per_query = _bm25(live, list(inputs), k, where)
     else:
-        per_query = _dense(live, np.ascontiguousarray(inputs, dtype=np.float32), k)
+        per_query = _dense(live, np.ascontiguousarray(inputs, dtype=np.float32), k, where)
     parts = [_merged(live, found, k) for found in per_query]
     offsets = np.zeros(n_queries + 1, dtype=np.int64)
     np.cumsum([len(p[0]) for p in parts], out=offsets[1:])
@@ -74,23 +75,32 @@ def _merged(
     return shard[order], rows[order], scores[order], keys[order]
 
 
-def _bm25(live: list[tuple[int, IndexShard]], queries: list[str], k: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+def _bm25(
+    live: list[tuple[int, IndexShard]], queries: list[str], k: int, where: Filter | None
+) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    allowed = [None if where is None else shard.store.row_mask(where) for _, shard in live]
     analyzers = [shard.sparse.analyzer for _, shard in live]
     same = all(a.key == analyzers[0].key for a in analyzers)
     out = []
     for query in queries:
         terms = analyzers[0].terms(query) if same else None
         out.append([
-            shard.sparse.top_of_terms(terms if same else shard.sparse.analyzer.terms(query), k) for _, shard in live
+            shard.sparse.top_of_terms(terms if same else shard.sparse.analyzer.terms(query), k, mask)
+            for (_, shard), mask in zip(live, allowed)
         ])
     return out
 
 
-def _dense(live: list[tuple[int, IndexShard]], vectors: np.ndarray, k: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+def _dense(
+    live: list[tuple[int, IndexShard]], vectors: np.ndarray, k: int, where: Filter | None
+) -> list[list[tuple[np.ndarray, np.ndarray]]]:
     total = sum(len(shard) for _, shard in live)
-    codes = _shared_prefilter([shard.dense for _, shard in live]) if prefilter.usable(total, k) else None
-    if codes is None:  # each shard on its own
-        per_shard = [shard.search_dense_arrays(vectors, min(k, len(shard))) for _, shard in live]
+    filtered = where is not None and any(shard.store.row_mask(where) is not None for _, shard in live)
+    codes = None
+    if not filtered and prefilter.usable(total, k):
+        codes = _shared_prefilter([shard.dense for _, shard in live])
+    if codes is None:  # each shard on its own (a filter scores only the rows it selects)
+        per_shard = [shard.search_dense_arrays(vectors, min(k, len(shard)), where) for _, shard in live]
         return [[answers[q] for answers in per_shard] for q in range(len(vectors))]
     out = []
     for query in vectors:

@@ -15,6 +15,7 @@ import numpy as np
 
 from llmframe_ray.errors import IndexLoadError, ModelError
 from llmframe_ray.index.domain import shards_similarity
+from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.params import check_model
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.index.store import share_document_keys
@@ -98,8 +99,9 @@ class Pipeline:
         *,
         truncate: bool = False,
         rerank: bool | None = None,
+        where: Filter | None = None,
     ) -> list[Hit]:
-        return self.search_batch([query], mode, top_k, level, truncate=truncate, rerank=rerank)[0]
+        return self.search_batch([query], mode, top_k, level, truncate=truncate, rerank=rerank, where=where)[0]
 
     def search_batch(
         self,
@@ -110,8 +112,10 @@ class Pipeline:
         *,
         truncate: bool = False,
         rerank: bool | None = None,
+        where: Filter | None = None,
     ) -> list[list[Hit]]:
         """Answer many queries at once: one encoder call, one search call per shard and ranker.
+        `where` (index/metadata.py) ranks only the chunks whose documents it selects.
 
         A query longer than the embedder's limit is an error unless `truncate` is set, in which
         case the embedder sees its first tokens only (BM25 always sees all of it). With `rerank`
@@ -130,7 +134,7 @@ class Pipeline:
                 "reranking was asked for but no reranker is loaded (LLMFRAME_RERANKER_MODEL)"
             )
         checked = self.check_queries(queries, mode, truncate)
-        results = self.first_stage(checked, mode, self.rerank.wanted(top_k, rerank), level)
+        results = self.first_stage(checked, mode, self.rerank.wanted(top_k, rerank), level, where)
         if rerank:
             results = [
                 self.rerank.apply(q, hits, self.reranker.score(q, self.rerank.passages(hits)), weight=self.rerank_weight)
@@ -149,7 +153,8 @@ class Pipeline:
         return [check(q) for q in queries]
 
     def first_stage(
-        self, checked: Sequence[str], mode: SearchMode, top_k: int, level: str | ResultLevel = ResultLevel.DOCUMENT
+        self, checked: Sequence[str], mode: SearchMode, top_k: int, level: str | ResultLevel = ResultLevel.DOCUMENT,
+        where: Filter | None = None,
     ) -> list[list[Hit]]:
         """Each checked query's top `top_k` hits of the mode, before any reranking."""
         if not checked:
@@ -159,6 +164,7 @@ class Pipeline:
         plan = retrieval_plan(
             checked, mode, ResultLevel.from_str(level), top_k, [len(s) for s in self.shards], self.retrieval.fusion,
             together=[range(len(self.shards))],  # one process holds them all: searched as one
+            where=where,
         )
         return run_plan(plan, _DirectBackend(self))
 
@@ -172,12 +178,14 @@ class _DirectBackend(DirectCalls):
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         return self.pipeline.embedder.embed(list(texts))
 
-    def search(self, shard: int, ranker: Ranker, inputs: Any, k: int) -> ShardResults:
-        return search_shard(self.pipeline.shards[shard], ranker, inputs, k)
+    def search(self, shard: int, ranker: Ranker, inputs: Any, k: int, where: Filter | None = None) -> ShardResults:
+        return search_shard(self.pipeline.shards[shard], ranker, inputs, k, where)
 
-    def search_together(self, shards: Sequence[int], ranker: Ranker, inputs: Any, k: int) -> ShardResults:
+    def search_together(
+        self, shards: Sequence[int], ranker: Ranker, inputs: Any, k: int, where: Filter | None = None
+    ) -> ShardResults:
         held = [(s, self.pipeline.shards[s]) for s in shards]
-        return search_together(held, Ranker.from_str(ranker) is Ranker.BM25, inputs, k)
+        return search_together(held, Ranker.from_str(ranker) is Ranker.BM25, inputs, k, where)
 
     def read_chunks(self, shard: int, rows: Sequence[int]) -> list[Chunk]:
         return self.pipeline.shards[shard].chunks(list(rows))

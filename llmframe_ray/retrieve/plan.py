@@ -19,6 +19,7 @@ from typing import Any, Generator, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.retrieve.candidates import Candidates, ShardAnswer, concat_keys, dense_codes, merge_parts
 from llmframe_ray.retrieve.compiled import fuse_chunks, fuse_documents
@@ -57,13 +58,15 @@ class Encode:
 class SearchShard:
     """Search shard `shard` with `ranker` for the top `k` rows; answer: ShardResults.
 
-    `inputs` are query texts for BM25 or a float32 matrix of query vectors for dense.
+    `inputs` are query texts for BM25 or a float32 matrix of query vectors for dense; `where`
+    (a filter, or None) confines the search to the rows whose documents it selects.
     """
 
     ranker: Ranker
     shard: int
     inputs: Any
     k: int
+    where: Filter | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranker", Ranker.from_str(self.ranker))
@@ -78,6 +81,7 @@ class SearchShards:
     shards: tuple[int, ...]
     inputs: Any
     k: int
+    where: Filter | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranker", Ranker.from_str(self.ranker))
@@ -131,9 +135,9 @@ def answer_request(backend: Any, request: Request) -> Any:
     if isinstance(request, Encode):
         return backend.encode(request.texts)
     if isinstance(request, SearchShard):
-        return backend.search(request.shard, request.ranker, request.inputs, request.k)
+        return backend.search(request.shard, request.ranker, request.inputs, request.k, request.where)
     if isinstance(request, SearchShards):
-        return backend.search_together(request.shards, request.ranker, request.inputs, request.k)
+        return backend.search_together(request.shards, request.ranker, request.inputs, request.k, request.where)
     if isinstance(request, ReadChunks):
         return backend.read_chunks(request.shard, request.rows)
     raise TypeError(f"not a retrieval plan request: {request!r}")
@@ -170,7 +174,10 @@ def bm25_consistency_problem(shards: Sequence[ShardFacts]) -> str | None:
     if len(live) <= 1:
         return None
     total = {"n_docs": sum(s.size for s in live), "n_tokens": sum(s.n_tokens for s in live)}
-    if any(s.corpus is None or dict(s.corpus) != total for s in live):
+    spaces = [(s.corpus or {}).get("namespaces") for s in live]
+    if any(s.corpus is None or {k: s.corpus.get(k) for k in total} != total for s in live) or any(
+        part != spaces[0] for part in spaces
+    ):
         return (
             f"BM25 over these {len(live)} shards would rank differently from one index: their "
             "scores were not computed with corpus-wide statistics (rebuild the index with "
@@ -179,12 +186,12 @@ def bm25_consistency_problem(shards: Sequence[ShardFacts]) -> str | None:
     return None
 
 
-def search_shard(shard: IndexShard, ranker: Ranker, inputs: Any, k: int) -> ShardAnswer:
+def search_shard(shard: IndexShard, ranker: Ranker, inputs: Any, k: int, where: Filter | None = None) -> ShardAnswer:
     """Answer a SearchShard request against a loaded shard."""
     if Ranker.from_str(ranker) is Ranker.BM25:
-        per_query = shard.search_sparse_arrays(list(inputs), k)
+        per_query = shard.search_sparse_arrays(list(inputs), k, where)
     else:
-        per_query = shard.search_dense_arrays(np.ascontiguousarray(inputs, dtype=np.float32), k)
+        per_query = shard.search_dense_arrays(np.ascontiguousarray(inputs, dtype=np.float32), k, where)
     return ShardAnswer.of(per_query, shard.store.doc_keys_of)
 
 
@@ -208,8 +215,12 @@ def retrieval_plan(
     fusion: FusionParams,
     vectors: np.ndarray | None = None,
     together: Sequence[Sequence[int]] = (),
+    where: Filter | None = None,
 ) -> Plan:
     """Rank `top_k` hits per (already checked) query over shards of the given sizes (0: empty).
+
+    `where` (a filter) ranks only the chunks whose documents it selects, exactly: each ranker's
+    list is its true top among them (the shards filter before they rank, index/shard.py).
 
     `vectors`, when given, are the queries' embeddings (the plan then asks for no encoding).
     `together`: groups of shards that one process holds, searched as one (SearchShards); every
@@ -223,7 +234,11 @@ def retrieval_plan(
         if vectors is None:
             (vectors,) = yield [Encode(tuple(queries))]
         rankers.append((DENSE, np.ascontiguousarray(vectors, dtype=np.float32)))
-    per_ranker = yield from _candidates(rankers, len(queries), depth, level, shard_sizes, _units(shard_sizes, together))
+    if where is not None and where.empty:
+        where = None
+    per_ranker = yield from _candidates(
+        rankers, len(queries), depth, level, shard_sizes, _units(shard_sizes, together), where
+    )
 
     ranked = []
     for i in range(len(queries)):
@@ -264,6 +279,7 @@ def _candidates(
     level: ResultLevel,
     shard_sizes: Sequence[int],
     units: list[tuple[int, ...]],
+    where: Filter | None = None,
 ) -> Generator[list[Request], list[Any], dict[str, list[Candidates]]]:
     """Each query's best chunks from every shard, merged, enough to rank `depth` items.
 
@@ -279,7 +295,7 @@ def _candidates(
     k = min(depth if level is ResultLevel.CHUNK else 2 * depth, total)
     while any(pending.values()):
         asked = [
-            (name, _search(name, unit, _select(inputs, pending[name]), min(k, sum(shard_sizes[s] for s in unit))))
+            (name, _search(name, unit, _select(inputs, pending[name]), min(k, sum(shard_sizes[s] for s in unit)), where))
             for name, inputs in rankers if pending[name]
             for unit in units
         ]
@@ -302,8 +318,8 @@ def _candidates(
     return out  # type: ignore[return-value]
 
 
-def _search(name: str, unit: tuple[int, ...], inputs: Any, k: int) -> SearchShard | SearchShards:
-    return SearchShard(name, unit[0], inputs, k) if len(unit) == 1 else SearchShards(name, unit, inputs, k)
+def _search(name: str, unit: tuple[int, ...], inputs: Any, k: int, where: Filter | None) -> SearchShard | SearchShards:
+    return SearchShard(name, unit[0], inputs, k, where) if len(unit) == 1 else SearchShards(name, unit, inputs, k, where)
 
 
 def _select(inputs: Any, rows: list[int]) -> Any:
@@ -359,6 +375,7 @@ def _hit(chunk: Chunk, score: float, rank: int, ranks: dict[str, int]) -> Hit:
         score=float(score),
         rank=rank,
         ranks=ranks,
+        metadata=chunk.metadata,
     )
 
 

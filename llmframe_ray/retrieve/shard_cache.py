@@ -117,9 +117,12 @@ def answer_all(loaded: Loaded, version: str, requests: Sequence[Request]) -> lis
         shard = loaded[request.shard]
         if isinstance(request, SearchShards):
             held = [(s, loaded[s]) for s in request.shards]
-            out.append(search_together(held, request.ranker is Ranker.BM25, request.inputs, request.k))
+            out.append(search_together(held, request.ranker is Ranker.BM25, request.inputs, request.k, request.where))
         elif isinstance(request, SearchShard):
-            out.append(ShardAnswer.empty(len(request.inputs)) if shard is None else search_shard(shard, request.ranker, request.inputs, request.k))
+            out.append(
+                ShardAnswer.empty(len(request.inputs)) if shard is None
+                else search_shard(shard, request.ranker, request.inputs, request.k, request.where)
+            )
         elif isinstance(request, ReadChunks):
             if shard is None:
                 raise ValueError(f"shard {request.shard} of version {version} is empty; it has no rows")

@@ -110,10 +110,10 @@ def test_a_request_that_breaks_the_shared_plan_fails_alone(setup, monkeypatch):
     core, pipeline = setup
     real = joint.search_together
 
-    def search_together(held, bm25, inputs, k):  # the setup's two shards are one group
+    def search_together(held, bm25, inputs, k, where=None):  # the setup's two shards are one group
         if any("poison" in text for text in inputs if isinstance(text, str)):
             raise RuntimeError("the analyzer choked on this text")
-        return real(held, bm25, inputs, k)
+        return real(held, bm25, inputs, k, where)
 
     monkeypatch.setattr("llmframe_ray.retrieve.shard_cache.search_together", search_together)
     texts = [QUERIES[1], "poison pill", QUERIES[3]]
