@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from llmframe_ray.config_writes import ENV_PREFIX, WriteSettings, _default_home, _env, _key_list
 from llmframe_ray.api.params import ApiLimits, GenerationParams, KeyLimits, ServiceParams
 from llmframe_ray.errors import ConfigError
 from llmframe_ray.generate.chain import ProviderParams
@@ -39,24 +40,7 @@ from llmframe_ray.retrieve.plan import BM25, DENSE, FusionParams
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.types import SearchMode
 
-ENV_PREFIX = "LLMFRAME_"
-
-
-def _key_list(keys: list[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(k.strip() for k in keys if k.strip()))
-
-
-def _default_home() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "llmframe-ray"
-
-
-def _env(name: str, *seed_names: str) -> Any:
-    """Field options reading `LLMFRAME_<NAME>` first, then the seed's unprefixed names."""
-    return AliasChoices(f"{ENV_PREFIX}{name}", *seed_names)
-
-
-class Settings(BaseSettings):
+class Settings(WriteSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         populate_by_name=True,

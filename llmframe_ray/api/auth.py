@@ -17,6 +17,7 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from llmframe_ray.errors import ConfigError
+from llmframe_ray.index.metadata import DEFAULT_NAMESPACE
 
 logger = logging.getLogger(__name__)
 
@@ -33,16 +34,24 @@ def _digest(key: str) -> bytes:
 class ApiKeys:
     """The keys that may call the API (or none needed, when disabled)."""
 
-    def __init__(self, keys: Sequence[str], *, admin: Sequence[str] = (), disabled: bool = False) -> None:
-        keys = tuple(dict.fromkeys([*keys, *admin]))  # an admin key is a key
+    def __init__(
+        self, keys: Sequence[str], *, admin: Sequence[str] = (), disabled: bool = False,
+        namespaces: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        namespaces = dict(namespaces or {})
+        keys = tuple(dict.fromkeys([*keys, *admin, *namespaces]))  # an admin or tenant key is a key
         if not keys and not disabled:
             raise ConfigError(NO_KEY_HINT)
         self.disabled = disabled
         self._digests = tuple(_digest(k) for k in keys)
         self._admin = tuple(_digest(k) for k in admin)
+        self._spaces = {_digest(k): tuple(v) for k, v in namespaces.items()}
 
     @classmethod
-    def configured(cls, keys: Sequence[str], *, admin: Sequence[str] = (), disabled: bool = False) -> ApiKeys:
+    def configured(
+        cls, keys: Sequence[str], *, admin: Sequence[str] = (), disabled: bool = False,
+        namespaces: Mapping[str, Sequence[str]] | None = None,
+    ) -> ApiKeys:
         """The keys as configured (API_SECRET_KEY, LLMFRAME_API_KEYS, LLMFRAME_ADMIN_KEYS,
         LLMFRAME_AUTH_DISABLED); only their digests are kept, so this object can be handed to a
         replica."""
@@ -52,17 +61,28 @@ class ApiKeys:
                 "accepted; use this only on a trusted local machine"
             )
             return cls((), disabled=True)
-        return cls(keys, admin=admin)
+        return cls(keys, admin=admin, namespaces=namespaces)
 
     @classmethod
     def from_settings(cls, settings: Any) -> ApiKeys:
-        return cls.configured(settings.api_key_list, admin=settings.admin_key_list, disabled=settings.auth_disabled)
+        return cls.configured(
+            settings.api_key_list, admin=settings.admin_key_list, disabled=settings.auth_disabled,
+            namespaces=settings.tenant_namespaces,
+        )
 
     def allows(self, presented: str | None) -> bool:
         return self.disabled or _matches(presented, self._digests)
 
     def is_admin(self, presented: str | None) -> bool:
         return self.disabled or _matches(presented, self._admin)
+
+    def namespaces(self, presented: str | None) -> tuple[str, ...] | None:
+        """The namespaces an allowed key may see, its default first; None: every one (admin
+        keys, or no authentication). A key bound by LLMFRAME_KEY_NAMESPACES sees its own; any
+        other key the default namespace."""
+        if self.is_admin(presented):
+            return None
+        return self._spaces.get(_digest(presented or ""), (DEFAULT_NAMESPACE,))
 
 
 def _matches(presented: str | None, digests: Sequence[bytes]) -> bool:

@@ -31,9 +31,11 @@ from llmframe_ray.api.auth import ApiKeys, first_headers, key_owner, presented_k
 from llmframe_ray.api.limits import KeyLimiter, LimitExceeded, LimitRequests
 from llmframe_ray.api.openai_compat import ChatRequest
 from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
-from llmframe_ray.api.service import (
-    BudgetExceededError, FieldError, RagService, StageTimeoutError, StageUnavailableError, prepend,
-)
+from llmframe_ray.api.failures import BudgetExceededError, FieldError, NotFoundError, StageTimeoutError, StageUnavailableError
+from llmframe_ray.api.documents import DocumentsApi
+from llmframe_ray.api.tenants import scope
+from llmframe_ray.index.metadata import Filter
+from llmframe_ray.api.service import RagService, prepend
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,14 +79,14 @@ class BodyLimit:
     streams in (413); a body that takes longer than `read_timeout_s` to arrive is refused (408),
     so slow clients cannot hold the replica's request slots."""
 
-    def __init__(self, app: Any, limit: int, keys: ApiKeys | None = None, read_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, app: Any, limit: int, keys: ApiKeys | None = None, read_timeout_s: float = 10.0, upload_limit: int | None = None
+    ) -> None:
         self.app, self.limit, self.keys, self.read_timeout_s = app, limit, keys, read_timeout_s
+        self.upload_limit = upload_limit  # POST /v1/documents (LLMFRAME_UPLOAD_MAX_BYTES)
 
-    def _too_large(self, size: str) -> JSONResponse:
-        return error_response(
-            413, "request_too_large",
-            f"request body is {size} bytes; the limit is {self.limit} (LLMFRAME_MAX_REQUEST_BYTES)",
-        )
+    def _too_large(self, size: str, limit: int, setting: str) -> JSONResponse:
+        return error_response(413, "request_too_large", f"request body is {size} bytes; the limit is {limit} ({setting})")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -95,9 +97,12 @@ class BodyLimit:
             if not self.keys.allows(presented_key(first_headers(scope))):
                 await _unauthorized()(scope, receive, send)
                 return
+        limit, setting = self.limit, "LLMFRAME_MAX_REQUEST_BYTES"
+        if self.upload_limit is not None and scope.get("method") == "POST" and scope.get("path") == "/v1/documents":
+            limit, setting = self.upload_limit, "LLMFRAME_UPLOAD_MAX_BYTES"
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await self._too_large(length.decode())(scope, receive, send)
+        if length is not None and length.isdigit() and int(length) > limit:
+            await self._too_large(length.decode(), limit, setting)(scope, receive, send)
             return
         # Read the whole body first (it is small by design): a body sent without a length
         # is stopped as soon as it passes the limit, and the app sees it only when it fits.
@@ -109,8 +114,8 @@ class BodyLimit:
                     if message["type"] != "http.request":  # the client went away
                         return
                     body += message.get("body", b"")
-                    if len(body) > self.limit:
-                        await self._too_large(f"more than {self.limit}")(scope, receive, send)
+                    if len(body) > limit:
+                        await self._too_large(f"more than {limit}", limit, setting)(scope, receive, send)
                         return
                     if not message.get("more_body", False):
                         break
@@ -178,7 +183,7 @@ def _field_of(loc: tuple) -> str:
     return ".".join(parts)
 
 
-def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
+def create_app(service: RagService, keys: ApiKeys, documents: DocumentsApi | None = None) -> FastAPI:
     app = FastAPI(
         title="llmframe-ray",
         version="1",
@@ -212,6 +217,10 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
     @app.exception_handler(FieldError)
     async def _field_error(request: Request, exc: FieldError) -> JSONResponse:
         return error_response(422, "invalid_request", str(exc), exc.field)
+
+    @app.exception_handler(NotFoundError)
+    async def _not_found(request: Request, exc: NotFoundError) -> JSONResponse:
+        return error_response(404, exc.kind, str(exc))
 
     @app.exception_handler(IndexLoadError)
     async def _index_error(request: Request, exc: IndexLoadError) -> JSONResponse:
@@ -280,19 +289,22 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
     async def stats() -> dict:
         return await service.stages.stats()
 
+    def where(request: Request, body: Any) -> Filter:
+        return scope(keys, presented_key(request.headers), body.namespace, body.filter)
+
     @app.post("/v1/search", dependencies=auth, response_model=SearchResponse)
-    async def search(body: SearchRequest, response: Response) -> SearchResponse:
-        answer = await service.search(body)
+    async def search(body: SearchRequest, request: Request, response: Response) -> SearchResponse:
+        answer = await service.search(body, where(request, body))
         response.headers.update(_warning_header(answer.warnings))
         return answer
 
     @app.post("/v1/query", dependencies=auth, response_model=QueryResponse, responses={200: STREAM_DOC})
     async def query(body: QueryRequest, request: Request) -> Any:
-        owner = key_owner(presented_key(request.headers))
+        owner, scoped = key_owner(presented_key(request.headers)), where(request, body)
         if not body.stream:
-            answer = await service.query(body, owner)
+            answer = await service.query(body, owner, scoped)
             return JSONResponse(answer.model_dump(mode="json"), headers=_warning_header(answer.warnings))
-        ranked = await service.retrieve_for_answer(body)
+        ranked = await service.retrieve_for_answer(body, scoped)
         return StreamingResponse(
             _sse(await _started(service.answer_events(body, ranked, owner))),
             media_type="text/event-stream",
@@ -302,16 +314,18 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=auth, responses={200: STREAM_DOC})
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
         """OpenAI-compatible chat: the last user message is the question, answered from the index."""
-        owner = key_owner(presented_key(request.headers))
+        owner, scoped = key_owner(presented_key(request.headers)), where(request, body)
         if not body.stream:
-            return await service.chat(body, owner)
-        turn = await service.chat_turn(body, owner)
+            return await service.chat(body, owner, scoped)
+        turn = await service.chat_turn(body, owner, scoped)
         return StreamingResponse(
             _openai_sse(await _started(service.chat_chunks(body, turn, owner))),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
+    if documents is not None:
+        documents.add_routes(app, keys, auth)
     limits = service.params.limits
     default_openapi = app.openapi
 
@@ -323,7 +337,8 @@ def create_app(service: RagService, keys: ApiKeys) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(Deadline, seconds=limits.request_timeout_s)
-    app.add_middleware(BodyLimit, limit=limits.max_request_bytes, keys=keys, read_timeout_s=limits.body_read_timeout_s)
+    upload = documents.limits.upload_max_bytes if documents is not None else None
+    app.add_middleware(BodyLimit, limit=limits.max_request_bytes, keys=keys, read_timeout_s=limits.body_read_timeout_s, upload_limit=upload)
     if limits.per_key.enabled:  # outermost: a request over its key's limits is refused before its body is read
         limiter = KeyLimiter(limits.per_key, replicas=limits.replicas)
         app.add_middleware(LimitRequests, limiter=limiter, keys=keys, reject=_too_many)

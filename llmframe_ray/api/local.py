@@ -15,6 +15,7 @@ from llmframe_ray.generate.chain import ProviderParams, provider_chain
 from llmframe_ray.generate.extractive_provider import ExtractiveProvider
 from llmframe_ray.generate.fallback import FallbackProvider
 from llmframe_ray.generate.sessions import SessionParams, SessionStore, TokenLedger
+from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.domain import shards_similarity
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
@@ -61,12 +62,14 @@ class LocalStages:
         store = SessionStore(sessions.token_budget, sessions.max_sessions)
         return cls(index_dir, pipeline, loaded.version, reranker, provider_chain(providers), store)
 
-    async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
+    async def retrieve(
+        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None
+    ) -> Retrieved:
         # In this thread, like a Serve replica's retrieval: a search is a few milliseconds, and
         # a hand-off to another thread cost up to 2 (serve/retriever.py). Yield first, so that
         # concurrent callers take turns and a caller's latency includes its wait.
         await asyncio.sleep(0)
-        return Retrieved(self.version, self.pipeline.search(query, mode, top_k, level, rerank=False))
+        return Retrieved(self.version, self.pipeline.search(query, mode, top_k, level, rerank=False, where=where))
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
         async with self._lock:

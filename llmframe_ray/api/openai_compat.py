@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 
 from llmframe_ray.generate.base import Message
 from llmframe_ray.generate.sessions import trim_messages
-from llmframe_ray.api.schemas import TEXT_PATTERN, AnswerOut, Mode, check_text
+from llmframe_ray.api.schemas import FILTER, NAMESPACE, TEXT_PATTERN, AnswerOut, Mode, check_text
 
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "no_context": "stop", "tool_use": "tool_calls"}
 
@@ -75,6 +75,8 @@ class ChatRequest(BaseModel):
     top_k: int = Field(5, ge=1, le=1000, description="Passages retrieved as context (extension).")
     mode: Mode | None = None
     rerank: bool | None = None
+    filter: dict[str, Any] | None = FILTER
+    namespace: str | None = NAMESPACE
 
 
 class ChatTurnError(ValueError):

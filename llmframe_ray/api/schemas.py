@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -42,6 +42,17 @@ def _not_blank(value: str) -> str:
     return stripped
 
 
+FILTER = Field(
+    None,
+    description=(
+        'Metadata filter, all fields at once: {"field": value} (a list field: contains it), '
+        '{"field": {"in": [...]}}, {"nin": [...]}, {"ne": v}, {"gte": x, "lt": y} (also gt, lte; numbers or '
+        'strings), {"exists": true}. Each ranker ranks only the matching chunks (exact top k).'
+    ),
+)
+NAMESPACE = Field(None, description="The namespace (tenant) to search; default: the API key's first.")
+
+
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -50,6 +61,8 @@ class SearchRequest(BaseModel):
     mode: Mode | None = Field(None, description="bm25, dense or hybrid (default: hybrid if HYBRID_SEARCH_ENABLED).")
     rerank: bool | None = Field(None, description="Rescore the head with the cross-encoder (default: RERANKER_ENABLED).")
     level: Level = Field("document", description="document: best chunk per document; chunk: every chunk.")
+    filter: dict[str, Any] | None = FILTER
+    namespace: str | None = NAMESPACE
 
     _query = field_validator("query")(_not_blank)
 
@@ -62,6 +75,8 @@ class QueryRequest(BaseModel):
     stream: bool = Field(False, description="Answer as Server-Sent Events.")
     mode: Mode | None = None
     rerank: bool | None = None
+    filter: dict[str, Any] | None = FILTER
+    namespace: str | None = NAMESPACE
     session_id: str | None = Field(
         None, description="Conversation id: follow-up questions see this session's earlier turns.",
         json_schema_extra={"pattern": SESSION_ID.pattern},
@@ -83,12 +98,13 @@ class HitOut(BaseModel):
     text: str
     score: float
     ranks: dict[str, int] = Field(description="Rank each ranker gave this item (bm25, dense, rerank).")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="The document's metadata.")
 
     @classmethod
     def of(cls, hit: Hit) -> HitOut:
         return cls(
             rank=hit.rank, doc_id=hit.doc_id, chunk_id=hit.chunk_id, title=hit.title,
-            text=hit.text, score=hit.score, ranks=dict(hit.ranks),
+            text=hit.text, score=hit.score, ranks=dict(hit.ranks), metadata=dict(hit.metadata),
         )
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Protocol
 
-from llmframe_ray.errors import LLMFrameError, QueryError
+from llmframe_ray.api.failures import BudgetExceededError, FieldError, StageUnavailableError
+from llmframe_ray.errors import QueryError
+from llmframe_ray.index.metadata import Filter, public_id
 from llmframe_ray.retrieve.plan import ResultLevel
 from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
 from llmframe_ray.api.params import ServiceParams
@@ -47,32 +49,7 @@ from llmframe_ray.types import Answer, Hit, SearchMode
 logger = logging.getLogger(__name__)
 
 
-class FieldError(LLMFrameError, ValueError):
-    """A request field whose value this server cannot serve (HTTP 422)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}")
-
-
 RERANK_SKIPPED = "the reranker is unavailable: hits are in first-stage order (reranked: false)"
-
-
-class StageUnavailableError(LLMFrameError):
-    """A stage of the app could not answer (HTTP 503)."""
-
-
-class StageTimeoutError(StageUnavailableError):
-    """A stage of the app did not answer in time (HTTP 504)."""
-
-
-class BudgetExceededError(LLMFrameError):
-    """The caller's key has spent its generation tokens for today (HTTP 429)."""
-
-    def __init__(self, message: str, retry_after_s: int) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -84,7 +61,9 @@ class Retrieved:
 class Stages(Protocol):
     has_reranker: bool
 
-    async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved: ...
+    async def retrieve(
+        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None
+    ) -> Retrieved: ...
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]: ...
 
@@ -165,9 +144,10 @@ class RagService:
     def default_mode(self) -> SearchMode:
         return self.params.default_mode
 
-    async def search(self, request: SearchRequest) -> SearchResponse:
+    async def search(self, request: SearchRequest, where: Filter | None = None) -> SearchResponse:
+        """`where`: the caller's namespace and the request's filter (api/tenants.py)."""
         ranked = await self._ranked(
-            "query", request.query, request.mode, ResultLevel(request.level), request.top_k, request.rerank
+            "query", request.query, request.mode, ResultLevel(request.level), request.top_k, request.rerank, where
         )
         return SearchResponse(
             version=ranked.version,
@@ -179,10 +159,10 @@ class RagService:
             warnings=list(ranked.warnings),
         )
 
-    async def query(self, request: QueryRequest, owner: str = "") -> QueryResponse:
+    async def query(self, request: QueryRequest, owner: str = "", where: Filter | None = None) -> QueryResponse:
         """`owner` (a digest of the caller's API key) keys the session with the client's id."""
         await self._admit(owner)
-        ranked = await self.retrieve_for_answer(request)
+        ranked = await self.retrieve_for_answer(request, where)
         session = _session_key(owner, request.session_id)
         history = await self._history(session)
         start = time.perf_counter()
@@ -203,10 +183,10 @@ class RagService:
             warnings=list(ranked.warnings),
         )
 
-    async def retrieve_for_answer(self, request: QueryRequest) -> Ranked:
+    async def retrieve_for_answer(self, request: QueryRequest, where: Filter | None = None) -> Ranked:
         """The passages an answer is written from (errors here come before any streamed byte)."""
         return await self._ranked(
-            "question", request.question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank
+            "question", request.question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank, where
         )
 
     async def answer_events(self, request: QueryRequest, ranked: Ranked, owner: str = "") -> AsyncIterator[tuple[str, dict]]:
@@ -241,14 +221,16 @@ class RagService:
                 "timings_ms": _with_total({**ranked.timings_ms, "generate": _ms(start)}),
             }
 
-    async def chat_turn(self, request: ChatRequest, owner: str = "") -> ChatTurn:
+    async def chat_turn(self, request: ChatRequest, owner: str = "", where: Filter | None = None) -> ChatTurn:
         """Question, history, system prompt and passages of a chat request (errors before any byte)."""
         await self._admit(owner)
         try:
             question, history, extra = chat_turn(request, self.params.session_token_budget)
         except ChatTurnError as exc:
             raise FieldError(exc.field, str(exc)) from None
-        ranked = await self._ranked("messages", question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank)
+        ranked = await self._ranked(
+            "messages", question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank, where
+        )
         system = f"{SYSTEM_PROMPT}\n\n{extra}" if extra else SYSTEM_PROMPT
         cap = self.params.generation.max_tokens  # LLMFRAME_LLM_MAX_TOKENS bounds what a request may ask
         asked = next((v for v in (request.max_completion_tokens, request.max_tokens) if v is not None), cap)
@@ -256,8 +238,8 @@ class RagService:
         temperature = self.params.generation.temperature if request.temperature is None else request.temperature
         return ChatTurn(build_messages(question, ranked.hits, history), system, max_tokens, temperature, ranked)
 
-    async def chat(self, request: ChatRequest, owner: str = "") -> dict[str, Any]:
-        turn = await self.chat_turn(request, owner)
+    async def chat(self, request: ChatRequest, owner: str = "", where: Filter | None = None) -> dict[str, Any]:
+        turn = await self.chat_turn(request, owner, where)
         start = time.perf_counter()
         c = await self.stages.generate(turn.messages, turn.system, turn.max_tokens, turn.temperature)
         await self._charge(owner, c.usage)
@@ -363,7 +345,8 @@ class RagService:
             await self.stages.session_append(session_id, question, answer)
 
     async def _ranked(
-        self, field: str, text: str, mode: str | None, level: ResultLevel, top_k: int, rerank: bool | None
+        self, field: str, text: str, mode: str | None, level: ResultLevel, top_k: int, rerank: bool | None,
+        where: Filter | None = None,
     ) -> Ranked:
         limits, steps = self.params.limits, self.params.rerank
         if len(text) > limits.max_query_chars:
@@ -378,11 +361,12 @@ class RagService:
             )
         start = time.perf_counter()
         try:
-            retrieved = await self.stages.retrieve(text, search_mode, level, steps.wanted(top_k, rerank))
+            retrieved = await self.stages.retrieve(text, search_mode, level, steps.wanted(top_k, rerank), where)
         except QueryError as exc:
             raise FieldError(field, str(exc)) from None
         timings = {"retrieve": _ms(start)}
-        hits = retrieved.hits
+        # a request sees one namespace: its documents by the ids their tenant gave them
+        hits = [replace(h, doc_id=public_id(h.doc_id), chunk_id=public_id(h.chunk_id)) for h in retrieved.hits]
         warnings: tuple[str, ...] = ()
         if rerank and hits:
             start = time.perf_counter()

@@ -32,6 +32,7 @@ from llmframe_ray.index.params import IndexParams
 from llmframe_ray.index.sparse import CorpusStats, corpus_info
 from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
 from llmframe_ray.ingest.build import make_chunker
+from llmframe_ray.ingest.params import IngestParams
 from llmframe_ray.ingest.readers import resolve_sources
 from llmframe_ray.models.embedder import EmbedderParams, load_embedder
 
@@ -53,6 +54,7 @@ class SourceFile:
     doc_id: str
     metadata: Mapping[str, Any] = field(default_factory=dict)
     namespace: str = DEFAULT_NAMESPACE
+    title: str = ""  # overrides the title the reader finds
 
 
 def ingest(
@@ -119,7 +121,7 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
     result = IngestResult(directory.root, None, None)
     clock = time.perf_counter()
 
-    rows = _read_and_chunk(files, n_shards, params.embedder, params.index, params.ingest.max_file_bytes) if files else None
+    rows = _read_and_chunk(files, n_shards, params.embedder, params.index, params.ingest) if files else None
     meta = _collect_meta(rows) if rows is not None else []
     incoming, fresh_chunks, skipped = _dedupe(meta)
     result.skipped = skipped
@@ -155,7 +157,7 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
     version, tmp = directory.stage()
     try:
         return _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
-                                 params.index, model, n_shards, clock, log)
+                                 params.index, model, n_shards, clock, log, params.ingest.cpu_scale)
     except BaseException:
         import shutil
 
@@ -165,14 +167,14 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
 
 
 def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
-                      index: IndexParams, model, n_shards, clock, log) -> IngestResult:
+                      index: IndexParams, model, n_shards, clock, log, scale: float = 1.0) -> IngestResult:
     import ray
 
     old_dirs = {}
     if previous is not None:
         old_dirs = {i: str(previous.path / shard_dir_name(i)) for i in previous.shard_ids}
-    collect = ray.remote(num_cpus=1)(_collect_task)
-    stats_of = ray.remote(num_cpus=1)(_stats_task)
+    collect = ray.remote(num_cpus=scale)(_collect_task)
+    stats_of = ray.remote(num_cpus=scale)(_stats_task)
     pending = {}
     for sp in plan.shards:
         if sp.changed:
@@ -183,8 +185,8 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
             pending[sp.shard] = stats_of.remote(old_dirs[sp.shard])
     stats = dict(zip(pending, ray.get(list(pending.values()))))
     corpus = CorpusStats.merge([s for s in stats.values() if s.n_docs])
-    finish = ray.remote(num_cpus=1)(_finish_task)
-    carry = ray.remote(num_cpus=1)(_carry_task)
+    finish = ray.remote(num_cpus=scale)(_finish_task)
+    carry = ray.remote(num_cpus=scale)(_carry_task)
     built = {}
     for sp in plan.shards:
         if stats.get(sp.shard) is None or stats[sp.shard].n_docs == 0:
@@ -220,22 +222,23 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
     return result
 
 
-def _read_and_chunk(files, n_shards: int, embedder: EmbedderParams, index: IndexParams, max_file_bytes: int):
+def _read_and_chunk(files, n_shards: int, embedder: EmbedderParams, index: IndexParams, knobs: IngestParams):
     import ray
 
     from llmframe_ray.batch.stages import ChunkDocuments, read_file
 
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     items = [
-        {"file_no": i, "path": f.path, "doc_id": f.doc_id, "metadata": json.dumps(dict(f.metadata)), "namespace": f.namespace}
+        {"file_no": i, "path": f.path, "doc_id": f.doc_id, "metadata": json.dumps(dict(f.metadata)),
+         "namespace": f.namespace, "title": f.title}
         for i, f in enumerate(files)
     ]
     ds = ray.data.from_items(items, override_num_blocks=min(len(items), 4 * cpus))
     # half a CPU each, so that read tasks can run beside the chunking actors even on one CPU
-    ds = ds.flat_map(read_file, fn_kwargs={"max_bytes": max_file_bytes}, num_cpus=0.5)
+    ds = ds.flat_map(read_file, fn_kwargs={"max_bytes": knobs.max_file_bytes}, num_cpus=0.5 * knobs.cpu_scale)
     ds = ds.map_batches(
         ChunkDocuments, fn_constructor_args=(replace(embedder, threads=1), index, n_shards), batch_size=64,
-        batch_format="numpy", num_cpus=0.5,
+        batch_format="numpy", num_cpus=0.5 * knobs.cpu_scale,
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, cpus - 1)),
     )
     return ds.materialize()
@@ -305,7 +308,7 @@ def _embed(rows, n_rows: int, needed: frozenset[str], params: Params, directory:
         EmbedChunks,
         fn_constructor_args=(replace(params.embedder, threads=per_actor), str(directory.root), key, needed),
         batch_size=knobs.batch_size, batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=per_actor,
+        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=per_actor * knobs.cpu_scale,
     )
     return sum(int(n) for batch in out.iter_batches(batch_format="numpy") for n in batch["embedded"])
 

@@ -43,7 +43,8 @@ def read_file(row: Mapping[str, Any], max_bytes: int = DEFAULT_MAX_FILE_BYTES) -
             else:
                 metadata = {**item.metadata, **json.loads(row.get("metadata") or "{}")}
                 doc_id = internal_id(row.get("namespace") or DEFAULT_NAMESPACE, item.doc_id)
-                out.append(_doc_row(file_no, line, path, doc_id, item.title, item.text, metadata, ""))
+                title = row.get("title") or item.title
+                out.append(_doc_row(file_no, line, path, doc_id, title, item.text, metadata, ""))
     except Exception as exc:  # a reader bug must not take the whole job down: report the file
         out.append(_doc_row(file_no, 0, path, "", "", "", {}, f"unexpected {type(exc).__name__}: {exc}"))
     return out

@@ -17,3 +17,6 @@ class IngestParams:
     retention: int = 3
     local_cpus: int = 1  # CPUs of the local Ray started when RAY_ADDRESS is not set
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES  # a document file over this is refused unread
+    # every logical CPU request of the job's tasks and actors is multiplied by this: below 1
+    # inside a serving cluster, whose replicas hold the CPUs (the HTTP writer)
+    cpu_scale: float = 1.0

@@ -32,6 +32,8 @@ from llmframe_ray.serve.reranker import Reranker
 from llmframe_ray.serve.retriever import Retriever, RetrieverArgs
 from llmframe_ray.serve.sessions import Sessions
 from llmframe_ray.serve.shard_group import ShardGroup
+from llmframe_ray.serve.writer import JobParams, Writer
+from llmframe_ray.api.documents import DocumentLimits
 
 
 DEPLOYMENTS = {
@@ -41,6 +43,7 @@ DEPLOYMENTS = {
     "Reranker": Reranker,
     "Generator": Generator,
     "Sessions": Sessions,
+    "Writer": Writer,
     "Ingress": Ingress,
 }
 
@@ -187,7 +190,11 @@ def build_app(args: AppArgs) -> Application:
     generator = deployment("Generator").bind(params.providers, params.service.generation.prices)
     sessions = deployment("Sessions").bind(params.sessions)
 
-    probes = {"Generator": generator, "Sessions": sessions}
+    job = JobParams(params.embedder, params.index, replace(params.ingest, cpu_scale=settings.writer_cpu_scale))
+    writer = deployment("Writer").bind(str(root), job, settings.writer_batch_wait_s)
+    limits = DocumentLimits(settings.upload_max_bytes, settings.documents_max_per_request, settings.documents_max_queued_bytes)
+
+    probes = {"Generator": generator, "Sessions": sessions, "Writer": writer}
     batched = {}
     if not args.retriever_in_ingress:  # else the Ingress adds its own
         probes["Retriever"] = batched["Retriever"] = retriever
@@ -197,4 +204,6 @@ def build_app(args: AppArgs) -> Application:
     if reranker is not None:
         probes["Reranker"] = reranker
         batched["Reranker"] = reranker
-    return deployment("Ingress").bind(retriever, reranker, generator, sessions, probes, batched, keys, params.service)
+    return deployment("Ingress").bind(
+        retriever, reranker, generator, sessions, probes, batched, keys, params.service, (str(root), limits, writer)
+    )

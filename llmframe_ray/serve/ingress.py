@@ -13,14 +13,17 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from llmframe_ray.errors import LLMFrameError
+from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.domain import similarity
 from llmframe_ray.retrieve.plan import ResultLevel
 from llmframe_ray.api.auth import ApiKeys
+from llmframe_ray.api.documents import DocumentLimits, DocumentsApi
 from llmframe_ray.api.http import create_app
 from llmframe_ray.api.params import ServiceParams
 from llmframe_ray.serve.replica import unwrap
 from llmframe_ray.serve.retriever import RetrieverArgs, RetrieverCore
-from llmframe_ray.api.service import RagService, Retrieved, StageTimeoutError, StageUnavailableError
+from llmframe_ray.api.failures import StageTimeoutError, StageUnavailableError
+from llmframe_ray.api.service import RagService, Retrieved
 from llmframe_ray.generate.base import Completion, Message, StreamEnd
 from llmframe_ray.types import SearchMode
 
@@ -74,10 +77,12 @@ class ServeStages:
                     raise StageUnavailableError(f"the {stage} stage is unavailable; retry shortly") from None
                 attempt += 1
 
-    async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
+    async def retrieve(
+        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None
+    ) -> Retrieved:
         if isinstance(self.retriever, RetrieverCore):  # here; its shard groups may still be replicas
-            return await self._call("retriever", lambda: self.retriever.retrieve(query, mode, level, top_k))
-        return await self._call("retriever", lambda: self.retriever.retrieve.remote(query, mode, level, top_k))
+            return await self._call("retriever", lambda: self.retriever.retrieve(query, mode, level, top_k, where))
+        return await self._call("retriever", lambda: self.retriever.retrieve.remote(query, mode, level, top_k, where))
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
         return await self._call("reranker", lambda: self.reranker.score.remote(query, passages))
@@ -173,8 +178,13 @@ class Ingress:
         batched: Mapping[str, DeploymentHandle],
         keys: ApiKeys,
         params: ServiceParams,
+        documents: tuple[str, DocumentLimits, DeploymentHandle] | None = None,  # index, limits, Writer
     ) -> None:
         self.keys = keys  # digests only: the keys themselves never leave the app builder
+        self.documents = None
+        if documents is not None:
+            index_dir, limits, writer = documents
+            self.documents = DocumentsApi(index_dir, limits, poke=lambda: writer.poke.remote())
         if isinstance(retriever, RetrieverArgs):  # retrieval in this process: no hop
             retriever = await RetrieverCore(retriever).start()
             probes, batched = {**probes, "Retriever": retriever}, {**batched, "Retriever": retriever}
@@ -182,4 +192,4 @@ class Ingress:
         self.service = RagService(stages, params)
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_app(self.service, self.keys)
+        return create_app(self.service, self.keys, self.documents)

@@ -29,9 +29,11 @@ import numpy as np
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from llmframe_ray.api.service import Retrieved, StageUnavailableError
+from llmframe_ray.api.failures import StageUnavailableError
+from llmframe_ray.api.service import Retrieved
 from llmframe_ray.errors import IndexLoadError, ModelError
 from llmframe_ray.index.domain import version_centroid
+from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.params import check_model
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.embedder import EmbedderParams, check_query_text, embed_each, load_embedder
@@ -70,6 +72,7 @@ class Ask:
     mode: SearchMode
     level: ResultLevel
     top_k: int
+    where: Filter | None = None  # namespace and metadata filter
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,11 @@ class RetrieverCore:
             self._watcher = loop.create_task(self._watch(args.watch_interval_s))
         return self
 
-    async def retrieve(self, query: str, mode: SearchMode, level: ResultLevel, top_k: int) -> Retrieved:
-        ask = Ask(check_query_text(query), SearchMode(mode), ResultLevel(level), int(top_k))
+    async def retrieve(
+        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None
+    ) -> Retrieved:
+        where = None if where is None or where.empty else where
+        ask = Ask(check_query_text(query), SearchMode(mode), ResultLevel(level), int(top_k), where)
         limit = self.args.params.max_pending
         if limit and self.pending >= limit:  # shed load here, fast, instead of queueing past deadlines
             self.shed += 1
@@ -169,9 +175,9 @@ class RetrieverCore:
     async def _batch(self, asks: list[Ask]) -> list[Retrieved | BaseException]:
         served = self.served  # the batch's version, whatever is published meanwhile
         self.stats.record(len(asks))
-        similar: dict[tuple[SearchMode, ResultLevel, int], list[int]] = {}
+        similar: dict[tuple[SearchMode, ResultLevel, int, Filter | None], list[int]] = {}
         for i, ask in enumerate(asks):
-            similar.setdefault((ask.mode, ask.level, ask.top_k), []).append(i)
+            similar.setdefault((ask.mode, ask.level, ask.top_k, ask.where), []).append(i)
         out: list[Retrieved | BaseException | None] = [None] * len(asks)
         answers = await asyncio.gather(*(self._answer(served, [asks[i] for i in idx]) for idx in similar.values()))
         for idx, results in zip(similar.values(), answers):
@@ -180,8 +186,8 @@ class RetrieverCore:
         return out  # type: ignore[return-value]
 
     async def _answer(self, served: Served, asks: list[Ask]) -> list[Retrieved | BaseException]:
-        """Answer asks of one mode, level and top_k with one plan."""
-        mode, level, top_k = asks[0].mode, asks[0].level, asks[0].top_k
+        """Answer asks of one mode, level, top_k and filter with one plan."""
+        mode, level, top_k, where = asks[0].mode, asks[0].level, asks[0].top_k, asks[0].where
         if mode in (SearchMode.BM25, SearchMode.HYBRID) and served.bm25_problem is not None:
             return [IndexLoadError(served.bm25_problem)] * len(asks)
         out: list[Retrieved | BaseException | None] = [None] * len(asks)
@@ -197,7 +203,9 @@ class RetrieverCore:
                 vectors = np.stack([encoded[i] for i in live]).astype(np.float32, copy=False)
         if live:
             sizes = [f.size for f in served.facts]
-            plan = retrieval_plan([asks[i].query for i in live], mode, level, top_k, sizes, self.fusion, vectors, self.together)
+            plan = retrieval_plan(
+                [asks[i].query for i in live], mode, level, top_k, sizes, self.fusion, vectors, self.together, where
+            )
             backend = _Backend(self, served.version)
             try:
                 hits = await run_plan_async(plan, backend)
@@ -209,7 +217,7 @@ class RetrieverCore:
                     results = []
                     for j, i in enumerate(live):
                         one = None if vectors is None else vectors[j : j + 1]
-                        alone = retrieval_plan([asks[i].query], mode, level, top_k, sizes, self.fusion, one, self.together)
+                        alone = retrieval_plan([asks[i].query], mode, level, top_k, sizes, self.fusion, one, self.together, where)
                         try:
                             results.append(Retrieved(served.version, (await run_plan_async(alone, backend))[0]))
                         except Exception as failed:

@@ -167,7 +167,7 @@ def test_readyz_and_index(app, client):
     ready = client.get("/readyz")
     assert ready.status_code == 200
     assert set(ready.json()["stages"]) == {
-        "QueryEncoder", "Retriever", "Generator", "Sessions", "Reranker", "ShardGroup-0", "ShardGroup-1",
+        "QueryEncoder", "Retriever", "Generator", "Sessions", "Writer", "Reranker", "ShardGroup-0", "ShardGroup-1",
     }
     info = client.get("/v1/index", headers=AUTH).json()
     assert info["version"] == IndexDirectory(app.index_dir).current_version()

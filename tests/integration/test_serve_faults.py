@@ -115,7 +115,7 @@ def app(tmp_path_factory, model_dir, tiny_reranker_dir):
             shards_per_group=1,
             deployment_options={
                 "Ingress": on_head, "Retriever": on_head, "QueryEncoder": on_head, "Generator": on_head,
-                "Sessions": on_head, "Reranker": {"ray_actor_options": {"num_cpus": 0.5, **HEAD}},
+                "Sessions": on_head, "Writer": on_head, "Reranker": {"ray_actor_options": {"num_cpus": 0.5, **HEAD}},
                 "ShardGroup": {"num_replicas": 2, "max_replicas_per_node": 1, "ray_actor_options": {"num_cpus": 0.1}},
             },
         )

@@ -32,7 +32,7 @@ def served(tmp_path_factory, model_dir):
 def test_two_ingress_replicas_hold_the_retriever(served):
     client, _, _ = served
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and set(ready.json()["stages"]) == {"Retriever", "Generator", "Sessions"}
+    assert ready.status_code == 200 and set(ready.json()["stages"]) == {"Retriever", "Generator", "Sessions", "Writer"}
     replicas = [a for a in ray.util.list_named_actors(all_namespaces=True) if "Ingress" in a["name"]]
     assert len(replicas) == 2, replicas
 

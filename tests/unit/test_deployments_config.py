@@ -70,7 +70,7 @@ def test_local_layout_with_a_reranker_fits_two_cpus():
     args = local_layout("unused", 2, reranker=True)
     ingress = args.deployment_options["Ingress"]
     needed = ingress["num_replicas"] * ingress["ray_actor_options"]["num_cpus"]
-    needed += sum(DEPLOYMENTS[name].ray_actor_options["num_cpus"] for name in ("Reranker", "Generator", "Sessions"))
+    needed += sum(DEPLOYMENTS[name].ray_actor_options["num_cpus"] for name in ("Reranker", "Generator", "Sessions", "Writer"))
     assert ingress["num_replicas"] == 2 and needed <= 2.0
     assert args.reranker_threads == 2  # placed on 1 CPU, it runs a thread per core while it reranks
 

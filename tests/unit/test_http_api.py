@@ -73,7 +73,7 @@ def client(index_dir, settings, pipeline):
 def as_dicts(hits):
     return [
         {"rank": h.rank, "doc_id": h.doc_id, "chunk_id": h.chunk_id, "title": h.title, "text": h.text,
-         "score": h.score, "ranks": dict(h.ranks)}
+         "score": h.score, "ranks": dict(h.ranks), "metadata": dict(h.metadata)}
         for h in hits
     ]
 
@@ -307,7 +307,7 @@ def test_errors_and_hits_survive_pickling():
     import pickle
 
     from llmframe_ray.errors import EmptyQueryError, QueryTooLongError
-    from llmframe_ray.api.service import FieldError
+    from llmframe_ray.api.failures import FieldError
     from llmframe_ray.types import Hit
 
     too_long = pickle.loads(pickle.dumps(QueryTooLongError(300, 256)))
@@ -329,7 +329,7 @@ def test_errors_and_hits_survive_pickling():
     ],
 )
 def test_stage_failures_are_json_errors(index_dir, settings, pipeline, error, status, kind, message):
-    from llmframe_ray.api.service import StageUnavailableError
+    from llmframe_ray.api.failures import StageUnavailableError
 
     class Failing(LocalStages):
         async def retrieve(self, *args, **kwargs):
@@ -346,7 +346,8 @@ def test_stage_failures_are_json_errors(index_dir, settings, pipeline, error, st
 
 @pytest.mark.parametrize("fail_open", [True, False])
 def test_a_reranker_that_is_down_gives_first_stage_order_with_a_warning(index_dir, embedder, pipeline, fail_open):
-    from llmframe_ray.api.service import RERANK_SKIPPED, StageUnavailableError
+    from llmframe_ray.api.failures import StageUnavailableError
+    from llmframe_ray.api.service import RERANK_SKIPPED
 
     class RerankerDown(LocalStages):
         async def rerank_scores(self, query, passages):

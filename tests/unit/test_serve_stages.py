@@ -8,7 +8,7 @@ import pytest
 ingress = pytest.importorskip("llmframe_ray.serve.ingress")
 from ray.exceptions import RayActorError  # noqa: E402
 
-from llmframe_ray.api.service import StageTimeoutError, StageUnavailableError  # noqa: E402
+from llmframe_ray.api.failures import StageTimeoutError, StageUnavailableError  # noqa: E402
 
 SECRET = "actor 9f3c at 10.1.2.3:41234 died: SIGKILL"
 
