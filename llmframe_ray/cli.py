@@ -85,6 +85,15 @@ def index_info(
     corpus = loaded.shards[0].sparse.corpus
     if corpus is not None:
         typer.echo(f"bm25 corpus statistics: {corpus['n_docs']} chunks, {corpus['n_tokens']} terms (shared by every shard)")
+    spaces: dict[str, int] = {}
+    fields: set[str] = set()
+    for shard in loaded.shards:
+        documents = shard.store.documents
+        for code in documents.namespace_codes.tolist():
+            spaces[documents.namespaces[code]] = spaces.get(documents.namespaces[code], 0) + 1
+        fields.update(documents.fields)
+    typer.echo("namespaces: " + ", ".join(f"{ns} ({n} documents)" for ns, n in sorted(spaces.items())))
+    typer.echo("metadata fields: " + (", ".join(sorted(fields)) or "none"))
 
 
 @app.command()
@@ -93,6 +102,7 @@ def ingest(
     index: Path = typer.Option(..., "--index", help="Index directory (versions are kept inside)."),
     shards: Optional[int] = typer.Option(None, "--shards", min=1, max=4096, help="Shards of a new index (default 1; an existing index keeps its count)."),
     delete: Optional[List[str]] = typer.Option(None, "--delete", help="Remove this document id; repeat for several."),
+    namespace: str = typer.Option("default", "--namespace", help="The namespace (tenant) the documents and --delete ids belong to."),
     adapt_reranker: Optional[Path] = typer.Option(None, "--adapt-reranker", help="Then train a reranker for this corpus from pseudo-queries (train-reranker --index INDEX --synthetic) into this folder."),
     adapt_teacher: Optional[Path] = typer.Option(None, "--adapt-teacher", help="With --adapt-reranker: a trained reranker folder to distil from."),
     adapt_layers: Optional[int] = typer.Option(None, "--adapt-layers", min=1, max=6, help="With --adapt-reranker: layers of MiniLM to keep (default all 6)."),
@@ -111,10 +121,16 @@ def ingest(
 
     if adapt_reranker is None and (adapt_teacher is not None or adapt_layers is not None):
         _fail("--adapt-teacher and --adapt-layers go with --adapt-reranker OUT")
+    from llmframe_ray.index.metadata import FilterError, check_namespace, internal_id
+
+    try:
+        check_namespace(namespace)
+    except FilterError as exc:
+        _fail(f"--namespace: {exc}")
     params = _settings().params()
     try:
-        result = run_ingest(sources or [], index, params, shards=shards, deletes=delete or [],
-                            log=lambda line: typer.echo(line, err=True))
+        result = run_ingest(sources or [], index, params, shards=shards, deletes=[internal_id(namespace, d) for d in delete or []],
+                            log=lambda line: typer.echo(line, err=True), namespace=namespace)
     except (PlanError, DocumentReadError, IndexBusyError, ConfigError):
         raise  # bad arguments or input: exit 2 (main)
     except Exception as exc:  # the job itself failed: CURRENT still serves the previous version
