@@ -13,7 +13,7 @@
 
 Every route works in the caller's namespace (api/tenants.py): another tenant's document or job
 is answered exactly like one that does not exist. A write is on disk before its 202
-(ingest/inbox.py); the Writer deployment applies queued writes in batches (batch/writes.py).
+(index/inbox.py); the Writer deployment applies queued writes in batches (batch/writes.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from llmframe_ray.api.tenants import namespace_for
 from llmframe_ray.index.lookup import find_document
 from llmframe_ray.index.metadata import FilterError, check_metadata, internal_id
 from llmframe_ray.index.versions import IndexDirectory
-from llmframe_ray.ingest.inbox import UPLOAD_SUFFIXES, Inbox, Upload
+from llmframe_ray.index.inbox import UPLOAD_SUFFIXES, Inbox, Upload
 
 logger = logging.getLogger(__name__)
 MAX_ID_CHARS = 512

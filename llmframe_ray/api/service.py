@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Protocol
 
 from llmframe_ray.api.failures import BudgetExceededError, FieldError, StageUnavailableError
 from llmframe_ray.errors import QueryError
-from llmframe_ray.index.metadata import Filter, public_id
+from llmframe_ray.index.metadata import NS_SEP, Filter, public_id
 from llmframe_ray.retrieve.plan import ResultLevel
 from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
 from llmframe_ray.api.params import ServiceParams
@@ -366,7 +366,10 @@ class RagService:
             raise FieldError(field, str(exc)) from None
         timings = {"retrieve": _ms(start)}
         # a request sees one namespace: its documents by the ids their tenant gave them
-        hits = [replace(h, doc_id=public_id(h.doc_id), chunk_id=public_id(h.chunk_id)) for h in retrieved.hits]
+        hits = [
+            replace(h, doc_id=public_id(h.doc_id), chunk_id=public_id(h.chunk_id)) if NS_SEP in h.doc_id else h
+            for h in retrieved.hits
+        ]
         warnings: tuple[str, ...] = ()
         if rerank and hits:
             start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Apply the writes queued in an index's inbox (ingest/inbox.py) with the ingestion job.
+"""Apply the writes queued in an index's inbox (index/inbox.py) with the ingestion job.
 
 Every queued job is taken at once and becomes one run of `batch.job.ingest`, the same job
 `llmframe-ray ingest` runs: the JSON documents of each namespace as one JSON Lines file, each
@@ -21,7 +21,7 @@ from llmframe_ray.batch.job import SourceFile
 from llmframe_ray.batch.report import IngestResult
 from llmframe_ray.index.metadata import DEFAULT_NAMESPACE, internal_id, split_id
 from llmframe_ray.index.versions import IndexBusyError, IndexDirectory
-from llmframe_ray.ingest.inbox import FAILED, PUBLISHED, QUEUED, RUNNING, Inbox, final_writes
+from llmframe_ray.index.inbox import FAILED, PUBLISHED, QUEUED, RUNNING, Inbox, final_writes
 
 # files, deletes (stored ids) -> the ingestion run's result
 Runner = Callable[[Sequence[SourceFile], Sequence[str]], IngestResult]

@@ -23,7 +23,7 @@ from ray import serve
 from llmframe_ray.batch.job import SourceFile, ingest
 from llmframe_ray.batch.writes import apply_queued
 from llmframe_ray.index.params import IndexParams
-from llmframe_ray.ingest.inbox import QUEUED, Inbox
+from llmframe_ray.index.inbox import QUEUED, Inbox
 from llmframe_ray.ingest.params import IngestParams
 from llmframe_ray.models.embedder import EmbedderParams
 

@@ -14,7 +14,7 @@ import pytest
 from llmframe_ray.config import load_settings
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
-from llmframe_ray.ingest.inbox import Inbox
+from llmframe_ray.index.inbox import Inbox
 from llmframe_ray.models.embedder import OnnxEmbedder
 from tests.fakes.pdf import pdf_bytes
 from tests.integration.test_serve_app import DOCS, KEY

@@ -1,4 +1,4 @@
-"""Documents over HTTP without Ray: the routes queue writes durably (ingest/inbox.py), the writer's
+"""Documents over HTTP without Ray: the routes queue writes durably (index/inbox.py), the writer's
 batch logic turns them into one ingestion run and reports per document (batch/writes.py, with a
 stand-in for the Ray job), and every route keeps tenants apart (api/tenants.py)."""
 
@@ -19,7 +19,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.index.metadata import internal_id
 from llmframe_ray.index.versions import IndexBusyError, IndexDirectory
 from llmframe_ray.ingest.build import build_index
-from llmframe_ray.ingest.inbox import QUEUED, RUNNING, Inbox, Upload, final_writes, safe_name
+from llmframe_ray.index.inbox import QUEUED, RUNNING, Inbox, Upload, final_writes, safe_name
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.types import Document
 from tests.fakes.pdf import pdf_bytes
