@@ -108,6 +108,18 @@ def _unique(ids: list[str]) -> None:
         seen.add(doc_id)
 
 
+UPLOAD_DOC = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": DocumentsIn.model_json_schema()},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "array", "items": {"type": "string", "format": "binary"}, "description": "txt, md, html or pdf files"},
+        "ids": {"type": "string", "description": "JSON list of document ids, in the files' order (default: file names)"},
+        "titles": {"type": "string", "description": "JSON list of titles, in the files' order"},
+        "metadata": {"type": "string", "description": "JSON object: metadata of every file"},
+        "namespace": {"type": "string"},
+    }}},
+}}}
+
+
 def job_view(record: dict[str, Any]) -> dict[str, Any]:
     """A job record as the API shows it."""
     out = {k: record.get(k) for k in ("job_id", "status", "namespace", "created", "finished", "version", "error")}
@@ -183,7 +195,7 @@ class DocumentsApi:
         def caller(request: Request) -> str | None:
             return presented_key(request.headers)
 
-        @app.post("/v1/documents", dependencies=auth, status_code=202)
+        @app.post("/v1/documents", dependencies=auth, status_code=202, openapi_extra=UPLOAD_DOC)
         async def post_documents(request: Request) -> JSONResponse:
             """Add or replace documents (JSON body, or multipart file upload); answered 202 with a job."""
             if request.headers.get("content-type", "").startswith("multipart/form-data"):

@@ -33,7 +33,7 @@ from llmframe_ray.api.openai_compat import ChatRequest
 from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
 from llmframe_ray.api.failures import BudgetExceededError, FieldError, NotFoundError, StageTimeoutError, StageUnavailableError
 from llmframe_ray.api.documents import DocumentsApi
-from llmframe_ray.api.tenants import scope
+from llmframe_ray.api.tenants import index_view, scope
 from llmframe_ray.index.metadata import Filter
 from llmframe_ray.api.service import RagService, prepend
 
@@ -278,8 +278,8 @@ def create_app(service: RagService, keys: ApiKeys, documents: DocumentsApi | Non
         return JSONResponse({"status": "ready" if ready else "not ready", "stages": states}, status_code=200 if ready else 503)
 
     @app.get("/v1/index", dependencies=auth)
-    async def index_info() -> dict:
-        return await service.stages.index_info()
+    async def index_info(request: Request) -> dict:
+        return index_view(keys, presented_key(request.headers), await service.stages.index_info())
 
     @app.post("/v1/index/reload", dependencies=admin)
     async def reload() -> dict:

@@ -30,3 +30,15 @@ def scope(keys: ApiKeys, presented: str | None, asked: str | None, raw_filter: A
         return parse_filter(raw_filter, namespace)
     except FilterError as exc:
         raise FieldError("filter", str(exc)) from None
+
+
+TENANT_INDEX_FIELDS = ("version", "shards", "problem")
+
+
+def index_view(keys: ApiKeys, presented: str | None, info: dict[str, Any]) -> dict[str, Any]:
+    """GET /v1/index: everything for an admin key; for other keys only the served version, the
+    shard count and any problem (counts, BM25 statistics and manifests would tell one tenant
+    about the others' documents)."""
+    if keys.is_admin(presented):
+        return info
+    return {k: info.get(k) for k in TENANT_INDEX_FIELDS}

@@ -285,3 +285,10 @@ def test_safe_names():
     assert safe_name("C:\\docs\\Report Q1?.PDF") == "Report Q1_.pdf"
     assert safe_name(".hidden.md") == "hidden.md"
     assert safe_name("") == "upload"
+
+
+def test_the_index_route_tells_a_tenant_nothing_of_the_others(client):
+    full = client.get("/v1/index", headers={"X-API-Key": ADMIN}).json()
+    assert len(full["shard_manifests"]) == 2 and "index" in full
+    view = client.get("/v1/index", headers={"X-API-Key": ACME}).json()
+    assert view == {"version": full["version"], "shards": 2, "problem": None}
