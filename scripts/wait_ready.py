@@ -53,6 +53,9 @@ def main() -> int:
     print(f"\nllmframe-ray is serving at {args.url} (OpenAPI docs: {args.url}/docs). Try:\n")
     print(f"  curl -s {args.url}/v1/search -H 'X-API-Key: {key}' -H 'Content-Type: application/json' -d '{search}'\n")
     print(f"  curl -sN {args.url}/v1/query -H 'X-API-Key: {key}' -H 'Content-Type: application/json' -d '{answer}'\n")
+    doc = json.dumps({"documents": [{"id": "my-note", "text": "A note of your own, searchable once its job is published.", "metadata": {"team": "docs"}}]})
+    print(f"  curl -s {args.url}/v1/documents -H 'X-API-Key: {key}' -H 'Content-Type: application/json' -d '{doc}'")
+    print(f"  curl -s {args.url}/v1/documents -H 'X-API-Key: {key}' -F file=@README.md   # then GET the status_url it answers\n")
     print("Stop with Ctrl-C.", flush=True)
     return 0
 

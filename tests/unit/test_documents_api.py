@@ -292,3 +292,19 @@ def test_the_index_route_tells_a_tenant_nothing_of_the_others(client):
     assert len(full["shard_manifests"]) == 2 and "index" in full
     view = client.get("/v1/index", headers={"X-API-Key": ACME}).json()
     assert view == {"version": full["version"], "shards": 2, "problem": None}
+
+
+def test_every_write_and_answer_route_refuses_another_tenants_namespace_as_unknown(client):
+    expected = {"type": "namespace_not_found", "message": "namespace 'bolt' not found", "field": None}
+    calls = [
+        ("post", "/v1/query", {"json": {"question": "moon?", "namespace": "bolt"}}),
+        ("post", "/v1/chat/completions", {"json": {"messages": [{"role": "user", "content": "moon?"}], "namespace": "bolt"}}),
+        ("post", "/v1/documents", {"json": {"documents": [{"id": "x", "text": "t"}], "namespace": "bolt"}}),
+        ("post", "/v1/documents", {"files": [("file", ("a.txt", b"a", "text/plain"))], "data": {"namespace": "bolt"}}),
+        ("post", "/v1/documents/delete", {"json": {"ids": ["tides"], "namespace": "bolt"}}),
+        ("get", "/v1/documents/tides?namespace=bolt", {}),
+        ("delete", "/v1/documents/tides?namespace=bolt", {}),
+    ]
+    for method, path, kwargs in calls:
+        response = getattr(client, method)(path, headers={"X-API-Key": ACME}, **kwargs)
+        assert (response.status_code, response.json()["error"]) == (404, expected), path
