@@ -28,6 +28,7 @@ from llmframe_ray.types import Choice
 
 
 EXACT_FILTER_ROWS = 65536  # an IVF index scores up to this many filtered rows exactly
+PREFILTER_SHARE = 0.1  # a flat index's filter keeping more of its rows goes through the int8 prefilter
 
 
 class DenseIndexKind(Choice):
@@ -221,6 +222,8 @@ class DenseIndex:
         if k == 0:
             empty = (np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64))
             return [empty[0]] * len(queries), [empty[1]] * len(queries)
+        if self.params.kind is DenseIndexKind.FLAT and len(rows) > PREFILTER_SHARE * len(self) and prefilter.usable(len(self), k):
+            return self._prefiltered_within(queries, k, rows)
         storage = self._flat_storage()
         if storage is None and len(rows) > EXACT_FILTER_ROWS:
             selector = faiss.IDSelectorBatch(len(rows), faiss.swig_ptr(rows))
@@ -236,6 +239,24 @@ class DenseIndex:
             order = np.lexsort((rows, -scores))[:k]
             out_scores.append(scores[order])
             out_rows.append(rows[order])
+        return out_scores, out_rows
+
+    def _prefiltered_within(self, queries: np.ndarray, k: int, rows: np.ndarray) -> tuple[list, list]:
+        """`search_within` through the int8 prefilter (index/prefilter.py), for a filter that
+        keeps many rows: one scan of the codes, the threshold taken over the allowed rows' lower
+        bounds (at least k allowed rows score at least it), and only allowed rows that can reach
+        it rescored exactly. Same rows, scores and order as scoring every allowed row."""
+        codes = self.int8_prefilter()
+        out_scores, out_rows = [], []
+        for query in queries:
+            center, bound = codes.bounds(query)
+            center, bound = center[rows], bound[rows]
+            threshold = np.partition(center - bound, len(rows) - k)[len(rows) - k]
+            candidates = rows[center + bound >= threshold]
+            scores = codes.rescore(query, candidates)
+            order = np.lexsort((candidates, -scores))[:k]
+            out_scores.append(scores[order])
+            out_rows.append(candidates[order])
         return out_scores, out_rows
 
     def _flat_storage(self) -> np.ndarray | None:

@@ -145,7 +145,7 @@ class ChunkStore:
                 self._masks.move_to_end(where)
                 return self._masks[where]
         docs = self.documents.mask(where)
-        rows = None if docs is None else docs[self.doc_index]
+        rows = None if docs is None or docs.all() else docs[self.doc_index]  # all: the unfiltered path
         with self._lock:
             self._masks[where] = rows
             while len(self._masks) > MASKS_KEPT:

@@ -187,13 +187,14 @@ def test_namespace_ids_round_trip():
     assert docs.mask(parse_filter({}, namespace="other")).tolist() == [False, False]
 
 
+@pytest.mark.parametrize("share", [0.05, 0.6], ids=["selective", "broad: through the int8 prefilter on flat"])
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
-def test_dense_search_within_is_exact_for_every_kind(kind):
+def test_dense_search_within_is_exact_for_every_kind(kind, share):
     rng = np.random.default_rng(3)
     vectors = rng.normal(size=(3000, DIM)).astype(np.float32)
     flat = DenseIndex.build(vectors, DenseParams())
     index = DenseIndex.build(vectors, DenseParams(kind=kind))
-    allowed = rng.random(3000) < 0.05
+    allowed = rng.random(3000) < share
     queries = rng.normal(size=(4, DIM)).astype(np.float32)
     all_scores, all_rows = flat.search(queries, 3000)
     scores, rows = index.search_within(queries, 20, allowed)
@@ -240,3 +241,9 @@ def test_a_tenants_ranking_does_not_depend_on_another_tenants_documents(tmp_path
     info = both.load().shards[0].sparse.corpus
     assert set(info["namespaces"]) == {"acme", "bolt"}
     assert info["namespaces"]["acme"]["n_docs"] == len(a_chunks)
+
+
+def test_a_filter_that_keeps_every_row_takes_the_unfiltered_path(corpus):
+    shards, _, _ = corpus
+    assert all(s.store.row_mask(parse_filter({"year": {"gte": 0}})) is None for s in shards)
+    assert all(s.store.row_mask(parse_filter({"year": {"gte": 2001}})) is not None for s in shards)
