@@ -61,16 +61,13 @@ class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(..., description="Stable id: a later write with the same id replaces the document.")
+    # taken as the readers take files: control characters included (real corpora hold them,
+    # e.g. SciFact's U+0096); a string UTF-8 cannot hold (an unpaired surrogate) is refused
     title: str = ""
     text: str = Field(..., min_length=1)
     metadata: dict[str, Any] = Field(default_factory=dict, description="Strings, numbers, booleans, lists of strings.")
 
     _id = field_validator("id")(_check_id)
-
-    @field_validator("text", "title")
-    @classmethod
-    def _text(cls, value: str) -> str:
-        return check_text(value)
 
     @field_validator("metadata")
     @classmethod

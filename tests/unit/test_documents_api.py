@@ -308,3 +308,16 @@ def test_every_write_and_answer_route_refuses_another_tenants_namespace_as_unkno
     for method, path, kwargs in calls:
         response = getattr(client, method)(path, headers={"X-API-Key": ACME}, **kwargs)
         assert (response.status_code, response.json()["error"]) == (404, expected), path
+
+
+def test_document_text_keeps_control_characters_but_not_surrogates(client, both):
+    kept = client.post("/v1/documents", headers={"X-API-Key": ACME}, json={"documents": [{"id": "c1", "text": "mdr\u0096like genes"}]})
+    assert kept.status_code == 202
+    record = Inbox(both).job(kept.json()["job_id"])
+    assert json.loads((Inbox(both).payload(record) / "docs.jsonl").read_text())["text"] == "mdr\u0096like genes"
+    refused = client.post("/v1/documents", headers={"X-API-Key": ACME, "Content-Type": "application/json"},
+                          content=b'{"documents": [{"id": "s", "text": "half \\ud800 pair"}]}')
+    assert refused.status_code == 422
+    assert refused.json()["error"]["message"] == (
+        "documents.0.text: Input should be a valid string, unable to parse raw data as a unicode string"
+    )
