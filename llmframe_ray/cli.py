@@ -192,7 +192,7 @@ def search(
 @app.command("eval")
 def eval_command(
     dataset: Path = typer.Option(..., "--dataset", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."),
-    mode: List[str] = typer.Option(["bm25", "dense", "hybrid"], "--mode", help="bm25, dense, hybrid, rerank (head fused with hybrid, see LLMFRAME_RERANKER_FUSION) or rerank-ce (cross-encoder order alone); repeat for several."),
+    mode: List[str] = typer.Option(["bm25", "dense", "hybrid"], "--mode", help="bm25, dense, hybrid, rerank (head fused with hybrid, see LLMFRAME_RERANKER_FUSION), rerank-ce (cross-encoder order alone), multi-query (offline rewrites fused) or prf (pseudo-relevance feedback); repeat for several."),
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Write <mode>.trec run files here."),
     split: str = typer.Option("test", "--split"),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Model folder or hub repo id (default: LLMFRAME_RERANKER_MODEL)."),
@@ -226,7 +226,7 @@ def eval_command(
     indexed = sum(int(s.manifest.counts["documents"]) for s in pipeline.shards)
     if index is not None and indexed != len(data.corpus):
         typer.echo(f"warning: {index} holds {indexed} documents; the {data.name} corpus has {len(data.corpus)}", err=True)
-    reports = evaluate(pipeline, data, modes, runs_dir)
+    reports = evaluate(pipeline, data, modes, runs_dir, rewrite=params.service.rewrite)
     typer.echo(format_table(data, reports))
     if encoder is not None:
         similarity = pipeline.domain_similarity()
@@ -310,6 +310,18 @@ def serve_command(
     else:
         raise typer.BadParameter(f"unknown layout {layout!r}; valid layouts: local, dag", param_hint="--layout")
     serve_until_stopped(args, host, port, cpus, typer.echo)
+
+
+@app.command("mcp")
+def mcp_command(
+    url: str = typer.Option(..., "--url", help="The served app's base URL, e.g. http://127.0.0.1:8000 (API key: $API_SECRET_KEY)."),
+    http: Optional[int] = typer.Option(None, "--http", min=1, max=65535, help="Serve streamable HTTP on this port (path /mcp) instead of stdio."),
+    host: str = typer.Option("127.0.0.1", "--host", help="The address --http listens on."),
+) -> None:
+    """MCP server with the retrieve_context and answer tools, against a served app."""
+    from llmframe_ray.tools.mcp_server import run
+
+    run(url, None, http, host)
 
 
 def main() -> None:

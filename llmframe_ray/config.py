@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from llmframe_ray.config_writes import ENV_PREFIX, WriteSettings, _default_home, _env, _key_list
+from llmframe_ray.config_pipeline import PipelineSettings
+from llmframe_ray.config_writes import ENV_PREFIX, _default_home, _env, _key_list
 from llmframe_ray.api.params import ApiLimits, GenerationParams, KeyLimits, ServiceParams
 from llmframe_ray.errors import ConfigError
 from llmframe_ray.generate.chain import ProviderParams
@@ -40,7 +41,7 @@ from llmframe_ray.retrieve.plan import BM25, DENSE, FusionParams
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.types import SearchMode
 
-class Settings(WriteSettings):
+class Settings(PipelineSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         populate_by_name=True,
@@ -302,6 +303,7 @@ class Settings(WriteSettings):
                 session_token_budget=self.session_token_budget,
                 rerank_fail_open=self.reranker_fail_open,
                 daily_tokens_per_key=self.daily_tokens_per_key,
+                rewrite=self.rewrite_params(), compression=self.compression_params(),
             ),
             providers=ProviderParams(
                 providers=self.llm_providers, anthropic_api_key=self.anthropic_api_key,

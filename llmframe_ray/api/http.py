@@ -294,7 +294,7 @@ def create_app(service: RagService, keys: ApiKeys, documents: DocumentsApi | Non
 
     @app.post("/v1/search", dependencies=auth, response_model=SearchResponse)
     async def search(body: SearchRequest, request: Request, response: Response) -> SearchResponse:
-        answer = await service.search(body, where(request, body))
+        answer = await service.search(body, where(request, body), key_owner(presented_key(request.headers)))
         response.headers.update(_warning_header(answer.warnings))
         return answer
 
@@ -304,7 +304,7 @@ def create_app(service: RagService, keys: ApiKeys, documents: DocumentsApi | Non
         if not body.stream:
             answer = await service.query(body, owner, scoped)
             return JSONResponse(answer.model_dump(mode="json"), headers=_warning_header(answer.warnings))
-        ranked = await service.retrieve_for_answer(body, scoped)
+        ranked = await service.retrieve_for_answer(body, scoped, owner)
         return StreamingResponse(
             _sse(await _started(service.answer_events(body, ranked, owner))),
             media_type="text/event-stream",

@@ -8,22 +8,26 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
+
+import numpy as np
 
 from llmframe_ray.generate.base import Completion, Message, Provider, StreamEnd
 from llmframe_ray.generate.chain import ProviderParams, provider_chain
 from llmframe_ray.generate.extractive_provider import ExtractiveProvider
 from llmframe_ray.generate.fallback import FallbackProvider
+from llmframe_ray.generate.rewriting import rewrite_query
 from llmframe_ray.generate.sessions import SessionParams, SessionStore, TokenLedger
 from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.domain import shards_similarity
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
-from llmframe_ray.models.embedder import EmbedderParams, load_embedder
+from llmframe_ray.models.embedder import EmbedderParams, embed_each, load_embedder
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.plan import ResultLevel
-from llmframe_ray.api.service import Retrieved
+from llmframe_ray.retrieve.rewrite import QueryRewrite, Rewrite, RewriteParams
+from llmframe_ray.api.stages import Retrieved
 from llmframe_ray.types import SearchMode
 
 
@@ -63,13 +67,24 @@ class LocalStages:
         return cls(index_dir, pipeline, loaded.version, reranker, provider_chain(providers), store)
 
     async def retrieve(
-        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None
+        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None,
+        alpha: float | None = None,
     ) -> Retrieved:
         # In this thread, like a Serve replica's retrieval: a search is a few milliseconds, and
         # a hand-off to another thread cost up to 2 (serve/retriever.py). Yield first, so that
         # concurrent callers take turns and a caller's latency includes its wait.
         await asyncio.sleep(0)
-        return Retrieved(self.version, self.pipeline.search(query, mode, top_k, level, rerank=False, where=where))
+        hits = self.pipeline.search(query, mode, top_k, level, rerank=False, where=where, alpha=alpha)
+        return Retrieved(self.version, hits)
+
+    async def embed_texts(self, texts: list[str]) -> list[np.ndarray | None]:
+        encoded = embed_each(self.pipeline.embedder, texts)
+        return [None if isinstance(v, BaseException) else v for v in encoded]
+
+    async def rewrite(
+        self, kind: QueryRewrite, question: str, history: Sequence[Message], params: RewriteParams
+    ) -> Rewrite:
+        return await rewrite_query(self.provider, kind, question, history, params)
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
         async with self._lock:

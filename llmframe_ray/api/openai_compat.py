@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 
 from llmframe_ray.generate.base import Message
 from llmframe_ray.generate.sessions import trim_messages
-from llmframe_ray.api.schemas import FILTER, NAMESPACE, TEXT_PATTERN, AnswerOut, Mode, check_text
+from llmframe_ray.api.schemas import FILTER, NAMESPACE, TEXT_PATTERN, AnswerOut, Mode, PipelineFields, check_text
 
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "no_context": "stop", "tool_use": "tool_calls"}
 
@@ -62,7 +62,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(PipelineFields):
     model_config = ConfigDict(extra="ignore")  # clients send fields that do not apply here (n, user, seed...)
 
     model: str | None = Field(None, description="Ignored: the server's provider chain answers; the response names the model used.")

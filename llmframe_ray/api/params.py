@@ -7,7 +7,9 @@ import math
 from dataclasses import dataclass, field
 
 from llmframe_ray.generate.costs import DEFAULT_PRICES
+from llmframe_ray.retrieve.compress import CompressionParams
 from llmframe_ray.retrieve.rerank import RerankParams
+from llmframe_ray.retrieve.rewrite import RewriteParams
 from llmframe_ray.types import SearchMode
 
 
@@ -66,3 +68,5 @@ class ServiceParams:
     session_token_budget: int = 2000
     daily_tokens_per_key: int = 0  # generation tokens (in + out) per API key per UTC day; 0: no budget
     rerank_fail_open: bool = True  # a Reranker that is down: answer unreranked, with a warning
+    rewrite: RewriteParams = field(default_factory=RewriteParams)  # query rewriting (retrieve/rewrite.py)
+    compression: CompressionParams = field(default_factory=CompressionParams)  # retrieve/compress.py

@@ -53,7 +53,38 @@ FILTER = Field(
 NAMESPACE = Field(None, description="The namespace (tenant) to search; default: the API key's first.")
 
 
-class SearchRequest(BaseModel):
+Strategy = Literal["hybrid", "dense", "sparse", "graph", "compressed"]
+Rewrite = Literal["none", "multi-query", "prf", "conversational"]
+
+
+class PipelineFields(BaseModel):
+    """The advanced pipeline's request fields (retrieve/strategy.py, rewrite.py, compress.py)."""
+
+    retrieval_strategy: Strategy | None = Field(
+        None, description=(
+            "hybrid (BM25 + dense, RRF), dense, sparse (BM25), compressed (hybrid, then only the sentences "
+            "that matter for the question) or graph (needs a knowledge graph in the index). Default: `mode`."
+        ),
+    )
+    alpha: float | None = Field(
+        None, ge=0, le=1,
+        description="Dense weight in hybrid RRF: dense 2*alpha, BM25 2*(1-alpha); 0.5 weighs them equally (default: configured weights).",
+    )
+    query_rewrite: Rewrite | None = Field(
+        None, description=(
+            "none, multi-query (several phrasings, fused), prf (pseudo-relevance feedback terms) or "
+            "conversational (a follow-up made standalone from the session or chat). Default: LLMFRAME_QUERY_REWRITE."
+        ),
+    )
+    compression_budget_tokens: int | None = Field(
+        None, ge=1, le=1_000_000, description="retrieval_strategy compressed: passage tokens kept (default: LLMFRAME_COMPRESSION_BUDGET_TOKENS).",
+    )
+    compression_threshold: float | None = Field(
+        None, description="retrieval_strategy compressed: also keep every sentence scoring at least this.",
+    )
+
+
+class SearchRequest(PipelineFields):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(..., description="The search text.", json_schema_extra={"pattern": TEXT_PATTERN})
@@ -67,7 +98,7 @@ class SearchRequest(BaseModel):
     _query = field_validator("query")(_not_blank)
 
 
-class QueryRequest(BaseModel):
+class QueryRequest(PipelineFields):
     model_config = ConfigDict(extra="forbid")
 
     question: str = Field(..., description="The question to answer from the index.", json_schema_extra={"pattern": TEXT_PATTERN})
@@ -108,14 +139,17 @@ class HitOut(BaseModel):
         )
 
 
+REWRITES = Field(default_factory=list, description="The queries retrieval ran besides the question (query_rewrite).")
 WARNINGS = Field(default_factory=list, description="Degraded answers say why (also in the X-LLMFrame-Warning header).")
 
 
 class SearchResponse(BaseModel):
     version: str
     mode: Mode
+    retrieval_strategy: Strategy
     level: Level
     reranked: bool
+    rewrites: list[str] = REWRITES
     hits: list[HitOut]
     timings_ms: dict[str, float]
     warnings: list[str] = WARNINGS
@@ -161,7 +195,9 @@ class QueryResponse(AnswerOut):
     session_id: str | None
     version: str
     mode: Mode
+    retrieval_strategy: Strategy
     reranked: bool
+    rewrites: list[str] = REWRITES
     timings_ms: dict[str, float]
     warnings: list[str] = WARNINGS
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Protocol
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
 
-from llmframe_ray.api.failures import BudgetExceededError, FieldError, StageUnavailableError
-from llmframe_ray.errors import QueryError
-from llmframe_ray.index.metadata import NS_SEP, Filter, public_id
+from llmframe_ray.api.failures import BudgetExceededError, FieldError
+from llmframe_ray.api.ranking import Ask, Ranked, Ranking, ms, with_total
+from llmframe_ray.api.stages import Stages
+from llmframe_ray.index.metadata import Filter
 from llmframe_ray.retrieve.plan import ResultLevel
-from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
+from llmframe_ray.generate.base import Message, StreamEnd, Usage
 from llmframe_ray.api.params import ServiceParams
 from llmframe_ray.generate.costs import PriceTable
 from llmframe_ray.generate.prompts import SYSTEM_PROMPT, build_messages, cite
@@ -49,54 +50,7 @@ from llmframe_ray.types import Answer, Hit, SearchMode
 logger = logging.getLogger(__name__)
 
 
-RERANK_SKIPPED = "the reranker is unavailable: hits are in first-stage order (reranked: false)"
-
-
-@dataclass(frozen=True)
-class Retrieved:
-    version: str
-    hits: list[Hit]
-
-
-class Stages(Protocol):
-    has_reranker: bool
-
-    async def retrieve(
-        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None
-    ) -> Retrieved: ...
-
-    async def rerank_scores(self, query: str, passages: list[str]) -> list[float]: ...
-
-    async def rerank_similarity(self, version: str) -> float | None: ...  # index/domain.py
-
-    async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion: ...
-
-    def generate_stream(
-        self, messages: list[Message], system: str, max_tokens: int, temperature: float
-    ) -> AsyncIterator[str | StreamEnd]: ...
-
-    async def session_history(self, session_id: str) -> list[Message]: ...
-
-    async def session_append(self, session_id: str, question: str, answer: str) -> None: ...
-
-    async def tokens_spent(self, owner: str) -> int: ...
-
-    async def charge_tokens(self, owner: str, tokens: int) -> None: ...
-
-    async def readiness(self) -> dict[str, str]: ...
-
-    async def index_info(self) -> dict[str, Any]: ...
-
-    async def reload(self) -> dict[str, Any]: ...
-
-    async def stats(self) -> dict[str, Any]: ...
-
-
 STREAM_MODEL = "llmframe-rag"  # chunks before the last: the answering model is known at the end
-
-
-def _ms(start: float) -> float:
-    return round((time.perf_counter() - start) * 1000, 2)
 
 
 async def prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -110,10 +64,6 @@ def _session_key(owner: str, session_id: str | None) -> str | None:
     return None if session_id is None else f"{owner}/{session_id}"
 
 
-def _with_total(timings: dict[str, float]) -> dict[str, float]:
-    return {**timings, "total": round(sum(v for k, v in timings.items() if k != "total"), 2)}
-
-
 @dataclass(frozen=True)
 class ChatTurn:
     messages: list[Message]
@@ -123,37 +73,27 @@ class ChatTurn:
     ranked: Ranked
 
 
-@dataclass(frozen=True)
-class Ranked:
-    version: str
-    mode: SearchMode
-    reranked: bool
-    hits: list[Hit]
-    timings_ms: dict[str, float]
-    warnings: tuple[str, ...] = ()
-
-
 class RagService:
     def __init__(self, stages: Stages, params: ServiceParams) -> None:
         self.stages = stages
         self.params = params
         self.prices = PriceTable.from_json(params.generation.prices)
-        self._rerank_weights: dict[str, float] = {}  # by index version
+        self.ranking = Ranking(stages, params)
 
     @property
     def default_mode(self) -> SearchMode:
         return self.params.default_mode
 
-    async def search(self, request: SearchRequest, where: Filter | None = None) -> SearchResponse:
+    async def search(self, request: SearchRequest, where: Filter | None = None, owner: str = "") -> SearchResponse:
         """`where`: the caller's namespace and the request's filter (api/tenants.py)."""
-        ranked = await self._ranked(
-            "query", request.query, request.mode, ResultLevel(request.level), request.top_k, request.rerank, where
-        )
+        ranked = await self._ranked(Ask.of(request, "query", request.query, ResultLevel(request.level), where), owner)
         return SearchResponse(
             version=ranked.version,
             mode=ranked.mode.value,
+            retrieval_strategy=ranked.strategy.value,
             level=request.level,
             reranked=ranked.reranked,
+            rewrites=list(ranked.rewrites),
             hits=[HitOut.of(h) for h in ranked.hits],
             timings_ms=ranked.timings_ms,
             warnings=list(ranked.warnings),
@@ -162,9 +102,9 @@ class RagService:
     async def query(self, request: QueryRequest, owner: str = "", where: Filter | None = None) -> QueryResponse:
         """`owner` (a digest of the caller's API key) keys the session with the client's id."""
         await self._admit(owner)
-        ranked = await self.retrieve_for_answer(request, where)
         session = _session_key(owner, request.session_id)
         history = await self._history(session)
+        ranked = await self.retrieve_for_answer(request, where, owner, history)
         start = time.perf_counter()
         completion = await self.stages.generate(
             build_messages(request.question, ranked.hits, history), SYSTEM_PROMPT,
@@ -178,16 +118,21 @@ class RagService:
             session_id=request.session_id,
             version=ranked.version,
             mode=ranked.mode.value,
+            retrieval_strategy=ranked.strategy.value,
             reranked=ranked.reranked,
-            timings_ms=_with_total({**ranked.timings_ms, "generate": _ms(start)}),
+            rewrites=list(ranked.rewrites),
+            timings_ms=with_total({**ranked.timings_ms, "generate": ms(start)}),
             warnings=list(ranked.warnings),
         )
 
-    async def retrieve_for_answer(self, request: QueryRequest, where: Filter | None = None) -> Ranked:
-        """The passages an answer is written from (errors here come before any streamed byte)."""
-        return await self._ranked(
-            "question", request.question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank, where
-        )
+    async def retrieve_for_answer(
+        self, request: QueryRequest, where: Filter | None = None, owner: str = "", history: list[Message] | None = None
+    ) -> Ranked:
+        """The passages an answer is written from (errors here come before any streamed byte);
+        `history`: the session's turns (read here when not given), for conversational rewriting."""
+        if history is None:
+            history = await self._history(_session_key(owner, request.session_id))
+        return await self._ranked(Ask.of(request, "question", request.question, ResultLevel.DOCUMENT, where, history), owner)
 
     async def answer_events(self, request: QueryRequest, ranked: Ranked, owner: str = "") -> AsyncIterator[tuple[str, dict]]:
         """Server-Sent Event payloads: `delta` {text}..., `citations`, then `done`."""
@@ -218,7 +163,9 @@ class RagService:
                 "version": ranked.version,
                 "mode": ranked.mode.value,
                 "reranked": ranked.reranked,
-                "timings_ms": _with_total({**ranked.timings_ms, "generate": _ms(start)}),
+                "retrieval_strategy": ranked.strategy.value,
+                "rewrites": list(ranked.rewrites),
+                "timings_ms": with_total({**ranked.timings_ms, "generate": ms(start)}),
             }
 
     async def chat_turn(self, request: ChatRequest, owner: str = "", where: Filter | None = None) -> ChatTurn:
@@ -228,9 +175,7 @@ class RagService:
             question, history, extra = chat_turn(request, self.params.session_token_budget)
         except ChatTurnError as exc:
             raise FieldError(exc.field, str(exc)) from None
-        ranked = await self._ranked(
-            "messages", question, request.mode, ResultLevel.DOCUMENT, request.top_k, request.rerank, where
-        )
+        ranked = await self._ranked(Ask.of(request, "messages", question, ResultLevel.DOCUMENT, where, history), owner)
         system = f"{SYSTEM_PROMPT}\n\n{extra}" if extra else SYSTEM_PROMPT
         cap = self.params.generation.max_tokens  # LLMFRAME_LLM_MAX_TOKENS bounds what a request may ask
         asked = next((v for v in (request.max_completion_tokens, request.max_tokens) if v is not None), cap)
@@ -269,8 +214,11 @@ class RagService:
 
     @staticmethod
     def _meta(ranked: Ranked, start: float) -> dict[str, Any]:
-        timings = _with_total({**ranked.timings_ms, "generate": _ms(start)})
-        return {"version": ranked.version, "mode": ranked.mode.value, "reranked": ranked.reranked, "timings_ms": timings}
+        timings = with_total({**ranked.timings_ms, "generate": ms(start)})
+        return {
+            "version": ranked.version, "mode": ranked.mode.value, "retrieval_strategy": ranked.strategy.value,
+            "reranked": ranked.reranked, "rewrites": list(ranked.rewrites), "timings_ms": timings,
+        }
 
     def _answer(
         self, text: str, usage: Usage, model: str, provider: str, finish_reason: str, hits: list[Hit]
@@ -323,19 +271,12 @@ class RagService:
                 prompt = system + "".join(m.content for m in messages)
                 await self._charge_tokens(owner, estimate_tokens(prompt) + estimate_tokens("".join(parts)))
 
-    async def _rerank_weight(self, version: str) -> float:
-        """The cross-encoder's fusion weight for this index version: set, or by its domain
-        similarity (retrieve/rerank.py), asked once per version; far when that cannot be had."""
-        if self.params.rerank.weight is not None:
-            return self.params.rerank.weight
-        if version not in self._rerank_weights:
-            try:
-                similarity = await self.stages.rerank_similarity(version)
-            except Exception as exc:  # noqa: BLE001 - the safe weight, asked again next time
-                logger.warning("reranker fusion weight for version %s: domain unknown (%s)", version, exc)
-                return self.params.rerank.weight_for(None)
-            self._rerank_weights[version] = self.params.rerank.weight_for(similarity)
-        return self._rerank_weights[version]
+    async def _ranked(self, ask: Ask, owner: str) -> Ranked:
+        """The request's passages; the LLM tokens of its query rewriting count against the key."""
+        ranked = await self.ranking.ranked(ask)
+        if ranked.usage is not None:
+            await self._charge(owner, ranked.usage)
+        return ranked
 
     async def _history(self, session_id: str | None) -> list[Message]:
         return [] if session_id is None else await self.stages.session_history(session_id)
@@ -343,45 +284,3 @@ class RagService:
     async def _remember(self, session_id: str | None, question: str, answer: str) -> None:
         if session_id is not None:
             await self.stages.session_append(session_id, question, answer)
-
-    async def _ranked(
-        self, field: str, text: str, mode: str | None, level: ResultLevel, top_k: int, rerank: bool | None,
-        where: Filter | None = None,
-    ) -> Ranked:
-        limits, steps = self.params.limits, self.params.rerank
-        if len(text) > limits.max_query_chars:
-            raise FieldError(field, f"is {len(text)} characters long; the limit is {limits.max_query_chars} (LLMFRAME_MAX_QUERY_CHARS)")
-        if top_k > limits.max_top_k:
-            raise FieldError("top_k", f"must be at most {limits.max_top_k} (LLMFRAME_MAX_TOP_K), got {top_k}")
-        search_mode = self.default_mode if mode is None else SearchMode.from_str(mode)
-        rerank = steps.enabled if rerank is None else rerank
-        if rerank and not self.stages.has_reranker:
-            raise FieldError(
-                "rerank", "this server has no reranker (deploy it with a reranker model: LLMFRAME_RERANKER_ENABLED=true)"
-            )
-        start = time.perf_counter()
-        try:
-            retrieved = await self.stages.retrieve(text, search_mode, level, steps.wanted(top_k, rerank), where)
-        except QueryError as exc:
-            raise FieldError(field, str(exc)) from None
-        timings = {"retrieve": _ms(start)}
-        # a request sees one namespace: its documents by the ids their tenant gave them
-        hits = [
-            replace(h, doc_id=public_id(h.doc_id), chunk_id=public_id(h.chunk_id)) if NS_SEP in h.doc_id else h
-            for h in retrieved.hits
-        ]
-        warnings: tuple[str, ...] = ()
-        if rerank and hits:
-            start = time.perf_counter()
-            try:
-                scores = await self.stages.rerank_scores(text, steps.passages(hits))
-            except StageUnavailableError as exc:
-                if not self.params.rerank_fail_open:
-                    raise
-                logger.warning("answering without reranking: %s", exc)
-                rerank, warnings = False, (RERANK_SKIPPED,)
-            else:
-                hits = steps.apply(text, hits, scores, weight=await self._rerank_weight(retrieved.version))
-            timings["rerank"] = _ms(start)
-        return Ranked(retrieved.version, search_mode, rerank, hits[:top_k], _with_total(timings), warnings)
-

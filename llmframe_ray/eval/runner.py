@@ -24,7 +24,9 @@ from llmframe_ray.models.embedder import Embedder
 from llmframe_ray.retrieve.pipeline import Pipeline, ResultLevel
 from llmframe_ray.retrieve.rerank import RerankFusion
 from llmframe_ray.errors import ModelError
-from llmframe_ray.types import Choice, SearchMode
+from llmframe_ray.generate.rewriting import offline_rewrite
+from llmframe_ray.retrieve.rewrite import QueryRewrite, RewriteParams, expand, feedback_terms, fuse_hit_lists, prf_depth
+from llmframe_ray.types import Choice, Hit, SearchMode
 
 RUN_DEPTH = 100
 QUERY_BATCH = 64
@@ -38,6 +40,8 @@ class EvalMode(Choice):
     HYBRID = "hybrid"
     RERANK = "rerank"  # hybrid, head reranked as configured (fused with hybrid by default)
     RERANK_CE = "rerank-ce"  # hybrid, head ordered by the cross-encoder alone
+    MULTI_QUERY = "multi-query"  # hybrid over the question and its offline rewrites, fused (retrieve/rewrite.py)
+    PRF = "prf"  # hybrid, then hybrid with pseudo-relevance feedback terms, fused
 
     @classmethod
     def label(cls) -> str:
@@ -48,6 +52,8 @@ class EvalMode(Choice):
         """(search mode, rerank) that this evaluation mode runs."""
         if self in (EvalMode.RERANK, EvalMode.RERANK_CE):
             return SearchMode.HYBRID, True
+        if self in (EvalMode.MULTI_QUERY, EvalMode.PRF):
+            return SearchMode.HYBRID, False
         return SearchMode(self.value), False
 
 
@@ -144,12 +150,44 @@ def run_mode(
     return results
 
 
+def run_rewritten(
+    pipeline: Pipeline, dataset: BeirDataset, mode: EvalMode, params: RewriteParams, depth: int = RUN_DEPTH
+) -> dict[str, list[tuple[str, float]]]:
+    """The `multi-query` or `prf` run: the service's query rewriting (api/ranking.py) with the
+    same core functions, over the in-process pipeline. Multi-query uses the offline rewriter
+    (the harness calls no LLM)."""
+    qids = [qid for qid, text in dataset.queries.items() if text.strip()]
+    texts = [dataset.queries[q] for q in qids]
+
+    def hybrid(queries: list[str], k: int) -> list[list[Hit]]:
+        out: list[list[Hit]] = []
+        for start in range(0, len(queries), QUERY_BATCH):
+            out.extend(pipeline.search_batch(queries[start : start + QUERY_BATCH], SearchMode.HYBRID, k, truncate=True))
+        return out
+
+    fused: list[list[Hit]] = []
+    if mode is EvalMode.PRF:
+        first = hybrid(texts, prf_depth(depth, params))
+        expanded = [expand(t, feedback_terms(t, hits, params.prf_docs, params.prf_terms)) for t, hits in zip(texts, first)]
+        second = hybrid(expanded, depth)
+        fused = [fuse_hit_lists([a[:depth], b], [1.0, params.prf_weight], params.rrf_k, depth) for a, b in zip(first, second)]
+    else:
+        variants = [offline_rewrite(QueryRewrite.MULTI_QUERY, t, [], params).queries for t in texts]
+        flat = hybrid([v for vs in variants for v in vs], depth)
+        at = 0
+        for vs in variants:
+            lists, at = flat[at : at + len(vs)], at + len(vs)
+            fused.append(fuse_hit_lists(lists, [1.0] * len(lists), params.rrf_k, depth))
+    return {qid: [(h.doc_id, h.score) for h in hits] for qid, hits in zip(qids, fused)}
+
+
 def evaluate(
     pipeline: Pipeline,
     dataset: BeirDataset,
     modes: Sequence[SearchMode | EvalMode],
     runs_dir: Path | None = None,
     depth: int = RUN_DEPTH,
+    rewrite: RewriteParams | None = None,
 ) -> list[ModeResult]:
     """Run each mode, write `<runs_dir>/<mode>.trec`, and score it from the file."""
     out_dir = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="llmframe-runs-"))
@@ -165,6 +203,9 @@ def evaluate(
                 rerank_seconds = time.perf_counter() - started
             results = reranked[mode]
             seconds = rerank_seconds
+        elif mode in (EvalMode.MULTI_QUERY, EvalMode.PRF):
+            results = run_rewritten(pipeline, dataset, mode, rewrite or RewriteParams(), depth)
+            seconds = time.perf_counter() - started
         else:
             results = run_mode(pipeline, dataset, mode, depth)
             seconds = time.perf_counter() - started

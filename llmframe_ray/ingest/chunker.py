@@ -369,3 +369,8 @@ def _sentence_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
 
 def _word_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return [m.span() for m in _WORD.finditer(text, start, end)]
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of `text`, paragraph by paragraph, as the chunker cuts them."""
+    return [text[a:b] for start, end in _paragraph_spans(text) for a, b in _sentence_spans(text, start, end)]

@@ -24,13 +24,12 @@ from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import Embedder, check_query_text
 from llmframe_ray.retrieve.joint import search_together
 from llmframe_ray.retrieve.params import RetrievalParams
+from llmframe_ray.retrieve.facts import ShardFacts, bm25_consistency_problem
 from llmframe_ray.retrieve.plan import (
     DirectCalls,
     Ranker,
     ResultLevel,
-    ShardFacts,
     ShardResults,
-    bm25_consistency_problem,
     retrieval_plan,
     run_plan,
     search_shard,
@@ -100,8 +99,9 @@ class Pipeline:
         truncate: bool = False,
         rerank: bool | None = None,
         where: Filter | None = None,
+        alpha: float | None = None,
     ) -> list[Hit]:
-        return self.search_batch([query], mode, top_k, level, truncate=truncate, rerank=rerank, where=where)[0]
+        return self.search_batch([query], mode, top_k, level, truncate=truncate, rerank=rerank, where=where, alpha=alpha)[0]
 
     def search_batch(
         self,
@@ -113,9 +113,11 @@ class Pipeline:
         truncate: bool = False,
         rerank: bool | None = None,
         where: Filter | None = None,
+        alpha: float | None = None,
     ) -> list[list[Hit]]:
         """Answer many queries at once: one encoder call, one search call per shard and ranker.
-        `where` (index/metadata.py) ranks only the chunks whose documents it selects.
+        `where` (index/metadata.py) ranks only the chunks whose documents it selects; `alpha`
+        weights dense against BM25 in hybrid fusion (retrieve/strategy.py).
 
         A query longer than the embedder's limit is an error unless `truncate` is set, in which
         case the embedder sees its first tokens only (BM25 always sees all of it). With `rerank`
@@ -134,7 +136,7 @@ class Pipeline:
                 "reranking was asked for but no reranker is loaded (LLMFRAME_RERANKER_MODEL)"
             )
         checked = self.check_queries(queries, mode, truncate)
-        results = self.first_stage(checked, mode, self.rerank.wanted(top_k, rerank), level, where)
+        results = self.first_stage(checked, mode, self.rerank.wanted(top_k, rerank), level, where, alpha)
         if rerank:
             results = [
                 self.rerank.apply(q, hits, self.reranker.score(q, self.rerank.passages(hits)), weight=self.rerank_weight)
@@ -154,7 +156,7 @@ class Pipeline:
 
     def first_stage(
         self, checked: Sequence[str], mode: SearchMode, top_k: int, level: str | ResultLevel = ResultLevel.DOCUMENT,
-        where: Filter | None = None,
+        where: Filter | None = None, alpha: float | None = None,
     ) -> list[list[Hit]]:
         """Each checked query's top `top_k` hits of the mode, before any reranking."""
         if not checked:
@@ -162,7 +164,8 @@ class Pipeline:
         if mode in (SearchMode.BM25, SearchMode.HYBRID) and self.bm25_problem is not None:
             raise IndexLoadError(self.bm25_problem)
         plan = retrieval_plan(
-            checked, mode, ResultLevel.from_str(level), top_k, [len(s) for s in self.shards], self.retrieval.fusion,
+            checked, mode, ResultLevel.from_str(level), top_k, [len(s) for s in self.shards],
+            self.retrieval.fusion.with_alpha(alpha),
             together=[range(len(self.shards))],  # one process holds them all: searched as one
             where=where,
         )

@@ -14,7 +14,7 @@ retrieve/candidates.py, its array steps).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generator, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -23,6 +23,7 @@ from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.retrieve.candidates import Candidates, ShardAnswer, concat_keys, dense_codes, merge_parts
 from llmframe_ray.retrieve.compiled import fuse_chunks, fuse_documents
+from llmframe_ray.retrieve.strategy import alpha_weights
 from llmframe_ray.types import Choice, Chunk, Hit, SearchMode
 
 
@@ -113,6 +114,11 @@ class FusionParams:
     weights: Mapping[str, float] = field(default_factory=lambda: {BM25: 1.0, DENSE: 1.0})
     fusion_depth: int = 200
 
+    def with_alpha(self, alpha: float | None) -> FusionParams:
+        """These settings with the ranker weights of a dense/sparse weight `alpha`
+        (retrieve/strategy.py); None: unchanged."""
+        return self if alpha is None else replace(self, weights=alpha_weights(alpha))
+
 
 class PlanBackend(Protocol):
     """What answers a plan's requests: `answer` takes one step's requests and returns their
@@ -141,49 +147,6 @@ def answer_request(backend: Any, request: Request) -> Any:
     if isinstance(request, ReadChunks):
         return backend.read_chunks(request.shard, request.rows)
     raise TypeError(f"not a retrieval plan request: {request!r}")
-
-
-@dataclass(frozen=True)
-class ShardFacts:
-    """What retrieval needs to know of one shard of a version, without its files."""
-
-    size: int  # chunks; 0 for a shard left empty
-    n_tokens: int  # BM25 document lengths summed
-    corpus: Mapping[str, Any] | None  # the corpus-wide BM25 statistics it was scored with
-    model: Mapping[str, Any]  # the embedding model its vectors come from
-
-    @classmethod
-    def of(cls, shard: IndexShard) -> ShardFacts:
-        corpus = shard.sparse.corpus
-        return cls(
-            size=len(shard),
-            n_tokens=shard.sparse.n_tokens,
-            corpus=None if corpus is None else dict(corpus),
-            model=dict(shard.manifest.model),
-        )
-
-
-def bm25_consistency_problem(shards: Sequence[ShardFacts]) -> str | None:
-    """Why BM25 scores of these shards cannot be merged into one ranking (None when they can).
-
-    Shards rank like one index only if each was scored with the statistics of all of them
-    together (see SparseIndex.build): the same recorded corpus, whose size is theirs combined.
-    Empty shards take no part.
-    """
-    live = [s for s in shards if s.size > 0]
-    if len(live) <= 1:
-        return None
-    total = {"n_docs": sum(s.size for s in live), "n_tokens": sum(s.n_tokens for s in live)}
-    spaces = [(s.corpus or {}).get("namespaces") for s in live]
-    if any(s.corpus is None or {k: s.corpus.get(k) for k in total} != total for s in live) or any(
-        part != spaces[0] for part in spaces
-    ):
-        return (
-            f"BM25 over these {len(live)} shards would rank differently from one index: their "
-            "scores were not computed with corpus-wide statistics (rebuild the index with "
-            "`llmframe-ray ingest`), so use mode 'dense'"
-        )
-    return None
 
 
 def search_shard(shard: IndexShard, ranker: Ranker, inputs: Any, k: int, where: Filter | None = None) -> ShardAnswer:

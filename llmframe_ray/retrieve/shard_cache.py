@@ -24,7 +24,8 @@ from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.retrieve.candidates import ShardAnswer
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.joint import search_together
-from llmframe_ray.retrieve.plan import Ranker, ReadChunks, Request, SearchShard, SearchShards, ShardFacts, search_shard
+from llmframe_ray.retrieve.facts import ShardFacts
+from llmframe_ray.retrieve.plan import Ranker, ReadChunks, Request, SearchShard, SearchShards, search_shard
 
 EMPTY = ShardFacts(size=0, n_tokens=0, corpus=None, model={})
 

@@ -11,6 +11,8 @@ from ray.serve.metrics import Counter
 from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
 from llmframe_ray.generate.chain import ProviderParams, provider_chain
 from llmframe_ray.generate.costs import PriceTable
+from llmframe_ray.generate.rewriting import rewrite_query
+from llmframe_ray.retrieve.rewrite import QueryRewrite, Rewrite, RewriteParams
 
 
 class UsageMeter:
@@ -57,6 +59,13 @@ class Generator:
             if isinstance(item, StreamEnd):
                 self.meter.record(item.provider, item.model, item.usage)
             yield item
+
+    async def rewrite(self, kind: QueryRewrite, question: str, history: list[Message], params: RewriteParams) -> Rewrite:
+        """Query rewriting through the same chain (generate/rewriting.py); its tokens are metered."""
+        rewrite = await rewrite_query(self.provider, kind, question, history, params)
+        if rewrite.usage is not None:
+            self.meter.record(rewrite.source.removeprefix("llm:"), rewrite.model, rewrite.usage)
+        return rewrite
 
     def usage(self) -> dict[str, Any]:
         return self.meter.totals

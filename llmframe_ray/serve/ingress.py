@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 from ray import serve
@@ -23,8 +23,10 @@ from llmframe_ray.api.params import ServiceParams
 from llmframe_ray.serve.replica import unwrap
 from llmframe_ray.serve.retriever import RetrieverArgs, RetrieverCore
 from llmframe_ray.api.failures import StageTimeoutError, StageUnavailableError
-from llmframe_ray.api.service import RagService, Retrieved
+from llmframe_ray.api.service import RagService
+from llmframe_ray.api.stages import Retrieved
 from llmframe_ray.generate.base import Completion, Message, StreamEnd
+from llmframe_ray.retrieve.rewrite import QueryRewrite, Rewrite, RewriteParams
 from llmframe_ray.types import SearchMode
 
 logger = logging.getLogger(__name__)
@@ -78,11 +80,21 @@ class ServeStages:
                 attempt += 1
 
     async def retrieve(
-        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None
+        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None,
+        alpha: float | None = None,
     ) -> Retrieved:
         if isinstance(self.retriever, RetrieverCore):  # here; its shard groups may still be replicas
-            return await self._call("retriever", lambda: self.retriever.retrieve(query, mode, level, top_k, where))
-        return await self._call("retriever", lambda: self.retriever.retrieve.remote(query, mode, level, top_k, where))
+            return await self._call("retriever", lambda: self.retriever.retrieve(query, mode, level, top_k, where, alpha))
+        return await self._call("retriever", lambda: self.retriever.retrieve.remote(query, mode, level, top_k, where, alpha))
+
+    async def embed_texts(self, texts: list[str]) -> list[np.ndarray | None]:
+        if isinstance(self.retriever, RetrieverCore):
+            return await self._call("retriever", lambda: self.retriever.embed_texts(texts))
+        return await self._call("retriever", lambda: self.retriever.embed_texts.remote(texts))
+
+    async def rewrite(self, kind: QueryRewrite, question: str, history: Sequence[Message], params: RewriteParams) -> Rewrite:
+        send = lambda: self.generator.rewrite.remote(kind, question, list(history), params)  # noqa: E731
+        return await self._call("generator", send)
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
         return await self._call("reranker", lambda: self.reranker.score.remote(query, passages))

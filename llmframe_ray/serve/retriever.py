@@ -30,7 +30,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from llmframe_ray.api.failures import StageUnavailableError
-from llmframe_ray.api.service import Retrieved
+from llmframe_ray.api.stages import Retrieved
 from llmframe_ray.errors import IndexLoadError, ModelError
 from llmframe_ray.index.domain import version_centroid
 from llmframe_ray.index.metadata import Filter
@@ -38,11 +38,10 @@ from llmframe_ray.index.params import check_model
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.embedder import EmbedderParams, check_query_text, embed_each, load_embedder
 from llmframe_ray.retrieve.params import RetrievalParams
+from llmframe_ray.retrieve.facts import ShardFacts, bm25_consistency_problem
 from llmframe_ray.retrieve.plan import (
     Request,
     ResultLevel,
-    ShardFacts,
-    bm25_consistency_problem,
     retrieval_plan,
     run_plan_async,
 )
@@ -73,6 +72,7 @@ class Ask:
     level: ResultLevel
     top_k: int
     where: Filter | None = None  # namespace and metadata filter
+    alpha: float | None = None  # dense/sparse fusion weight (retrieve/strategy.py); None: the configured weights
 
 
 @dataclass(frozen=True)
@@ -147,10 +147,12 @@ class RetrieverCore:
         return self
 
     async def retrieve(
-        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None
+        self, query: str, mode: SearchMode, level: ResultLevel, top_k: int, where: Filter | None = None,
+        alpha: float | None = None,
     ) -> Retrieved:
         where = None if where is None or where.empty else where
-        ask = Ask(check_query_text(query), SearchMode(mode), ResultLevel(level), int(top_k), where)
+        self.fusion.with_alpha(alpha)  # a bad alpha fails here, alone, not its batch
+        ask = Ask(check_query_text(query), SearchMode(mode), ResultLevel(level), int(top_k), where, alpha)
         limit = self.args.params.max_pending
         if limit and self.pending >= limit:  # shed load here, fast, instead of queueing past deadlines
             self.shed += 1
@@ -175,9 +177,9 @@ class RetrieverCore:
     async def _batch(self, asks: list[Ask]) -> list[Retrieved | BaseException]:
         served = self.served  # the batch's version, whatever is published meanwhile
         self.stats.record(len(asks))
-        similar: dict[tuple[SearchMode, ResultLevel, int, Filter | None], list[int]] = {}
+        similar: dict[tuple[SearchMode, ResultLevel, int, Filter | None, float | None], list[int]] = {}
         for i, ask in enumerate(asks):
-            similar.setdefault((ask.mode, ask.level, ask.top_k, ask.where), []).append(i)
+            similar.setdefault((ask.mode, ask.level, ask.top_k, ask.where, ask.alpha), []).append(i)
         out: list[Retrieved | BaseException | None] = [None] * len(asks)
         answers = await asyncio.gather(*(self._answer(served, [asks[i] for i in idx]) for idx in similar.values()))
         for idx, results in zip(similar.values(), answers):
@@ -186,8 +188,9 @@ class RetrieverCore:
         return out  # type: ignore[return-value]
 
     async def _answer(self, served: Served, asks: list[Ask]) -> list[Retrieved | BaseException]:
-        """Answer asks of one mode, level, top_k and filter with one plan."""
+        """Answer asks of one mode, level, top_k, filter and alpha with one plan."""
         mode, level, top_k, where = asks[0].mode, asks[0].level, asks[0].top_k, asks[0].where
+        fusion = self.fusion.with_alpha(asks[0].alpha)
         if mode in (SearchMode.BM25, SearchMode.HYBRID) and served.bm25_problem is not None:
             return [IndexLoadError(served.bm25_problem)] * len(asks)
         out: list[Retrieved | BaseException | None] = [None] * len(asks)
@@ -204,7 +207,7 @@ class RetrieverCore:
         if live:
             sizes = [f.size for f in served.facts]
             plan = retrieval_plan(
-                [asks[i].query for i in live], mode, level, top_k, sizes, self.fusion, vectors, self.together, where
+                [asks[i].query for i in live], mode, level, top_k, sizes, fusion, vectors, self.together, where
             )
             backend = _Backend(self, served.version)
             try:
@@ -217,7 +220,7 @@ class RetrieverCore:
                     results = []
                     for j, i in enumerate(live):
                         one = None if vectors is None else vectors[j : j + 1]
-                        alone = retrieval_plan([asks[i].query], mode, level, top_k, sizes, self.fusion, one, self.together, where)
+                        alone = retrieval_plan([asks[i].query], mode, level, top_k, sizes, fusion, one, self.together, where)
                         try:
                             results.append(Retrieved(served.version, (await run_plan_async(alone, backend))[0]))
                         except Exception as failed:
@@ -240,6 +243,15 @@ class RetrieverCore:
             return list(await self.encoder.encode_many.remote(queries))
         except Exception as exc:
             return [unwrap(exc)] * len(queries)
+
+    async def embed_texts(self, texts: list[str]) -> list[np.ndarray | None]:
+        """Unit vectors of short texts (the sentences that contextual compression scores, cut
+        to the model's length by the caller): one model call; None for a text it cannot take."""
+        if self.embedder is not None:
+            encoded = await asyncio.to_thread(embed_each, self.embedder, texts)
+        else:
+            encoded = await self._encode(texts)
+        return [None if isinstance(v, BaseException) else v for v in encoded]
 
     async def _warm_up(self) -> None:
         """Answer one search before the first request does: the first call of each compiled

@@ -347,7 +347,7 @@ def test_stage_failures_are_json_errors(index_dir, settings, pipeline, error, st
 @pytest.mark.parametrize("fail_open", [True, False])
 def test_a_reranker_that_is_down_gives_first_stage_order_with_a_warning(index_dir, embedder, pipeline, fail_open):
     from llmframe_ray.api.failures import StageUnavailableError
-    from llmframe_ray.api.service import RERANK_SKIPPED
+    from llmframe_ray.api.ranking import RERANK_SKIPPED
 
     class RerankerDown(LocalStages):
         async def rerank_scores(self, query, passages):

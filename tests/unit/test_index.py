@@ -406,7 +406,7 @@ def test_one_writer_at_a_time(tmp_path):
 
 def test_bm25_over_shards_needs_corpus_wide_statistics():
     from llmframe_ray.index.sparse import CorpusStats
-    from llmframe_ray.retrieve.plan import ShardFacts, bm25_consistency_problem
+    from llmframe_ray.retrieve.facts import ShardFacts, bm25_consistency_problem
 
     chunks = make_chunks()
     split = [[c for c in chunks if c.doc_id in ("doc-1", "doc-3")], [c for c in chunks if c.doc_id not in ("doc-1", "doc-3")]]

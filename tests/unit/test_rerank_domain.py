@@ -113,7 +113,7 @@ def test_the_service_asks_once_per_version_and_stays_safe_when_it_cannot():
     rag = service(stages)
 
     async def weights():
-        return [await rag._rerank_weight(v) for v in ("v1", "v1", "v1", "v2", "v2")]
+        return [await rag.ranking._rerank_weight(v) for v in ("v1", "v1", "v1", "v2", "v2")]
 
     assert asyncio.run(weights()) == [DOMAIN_FLOOR, 0.8, 0.8, DOMAIN_FLOOR, DOMAIN_FLOOR]
     assert stages.asked == ["v1", "v1", "v2"]  # a failure is not kept; an answer is, per version
@@ -121,7 +121,7 @@ def test_the_service_asks_once_per_version_and_stays_safe_when_it_cannot():
 
 def test_a_set_weight_never_asks():
     stages = FakeStages([])
-    assert asyncio.run(service(stages, weight=0.7)._rerank_weight("v1")) == 0.7
+    assert asyncio.run(service(stages, weight=0.7).ranking._rerank_weight("v1")) == 0.7
     assert stages.asked == []
 
 

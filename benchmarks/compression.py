@@ -1,0 +1,160 @@
+"""Contextual compression against SciFact's gold rationale sentences.
+
+    .venv/bin/python benchmarks/compression.py --dataset ../shared/eval/scifact [--split train|dev]
+
+For every claim, hybrid retrieval (the pipeline's defaults) returns the top 5 documents; each is
+compressed with the stage's own functions (retrieve/compress.py) from the release's sentence
+split of its abstract, scored by the query encoder (the offline scorer). Reported per token
+budget: the share of the gold rationale sentences *in the retrieved documents* that are kept,
+and the share of those documents' tokens that are kept. Tune on `--split train`
+(claims_train.jsonl); report on `dev` (claims_dev.jsonl: the 300 BEIR test claims). The last
+line is `rationale_kept=<share> tokens_kept=<share>` at the default budget (CompressionParams).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.serve import cpu_description  # noqa: E402
+from llmframe_ray.config import load_settings  # noqa: E402
+from llmframe_ray.eval.beir import load_beir  # noqa: E402
+from llmframe_ray.eval.runner import cached_index  # noqa: E402
+from llmframe_ray.ingest.build import stderr_progress  # noqa: E402
+from llmframe_ray.models.embedder import load_embedder  # noqa: E402
+from llmframe_ray.retrieve import compress  # noqa: E402
+from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
+
+TOP = 5
+BUDGETS = (150, 250, 350, 450, 550, 700, 900)
+
+
+def load_claims(folder: Path, split: str) -> list[dict]:
+    name = {"train": "claims_train.jsonl", "dev": "claims_dev.jsonl", "test": "claims_dev.jsonl"}[split]
+    return [json.loads(line) for line in (folder / name).read_text().splitlines() if line.strip()]
+
+
+def gather(pipeline, embedder, claims, abstracts) -> list[dict]:
+    """Per claim: the top documents' sentences, each sentence's model score and lexical
+    overlap, and which sentences are gold rationales."""
+    cases = []
+    texts = [c["claim"] for c in claims]
+    found = pipeline.search_batch(texts, "hybrid", TOP, truncate=True)
+    for claim, hits in zip(claims, found):
+        docs = [h.doc_id for h in hits if h.doc_id in abstracts]
+        split = compress.Split.of([abstracts[d]["abstract"] for d in docs])
+        titled = [compress.scoring_text(abstracts[docs[p]]["title"], s) for p, s in zip(split.owner, split.sentences)]
+        query = embedder.embed([claim["claim"]])[0]
+        vectors = embedder.embed(titled) if titled else []
+        gold = {(d, i) for d, ev in claim["evidence"].items() for e in ev for i in e["sentences"]}
+        position, flags = {}, []
+        for p in split.owner:
+            position[p] = position.get(p, -1) + 1
+            flags.append((docs[p], position[p]) in gold)
+        cases.append({
+            "split": split, "gold": flags,
+            "model": compress.cosines(query, list(vectors)),
+            "overlap": compress.lexical_overlap(claim["claim"], split.sentences),
+        })
+    return cases
+
+
+def measure(cases, params) -> tuple[float, float]:
+    kept_gold = all_gold = kept_tokens = all_tokens = 0
+    for case in cases:
+        split = case["split"]
+        keep = compress.select(split, compress.combined(case["model"], case["overlap"], params), params)
+        kept_gold += sum(k and g for k, g in zip(keep, case["gold"]))
+        all_gold += sum(case["gold"])
+        kept_tokens += sum(t for t, k in zip(split.tokens, keep) if k)
+        all_tokens += sum(split.tokens)
+    return kept_gold / max(all_gold, 1), kept_tokens / max(all_tokens, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--split", default="dev", choices=["train", "dev"])
+    parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
+    parser.add_argument("--lexical", default=None, help="comma-separated lexical weights to sweep (train)")
+    parser.add_argument("--quota", default=None, help="comma-separated quotas to sweep (train)")
+    parser.add_argument("--plot", default=None, help="write a PNG of rationale kept against tokens kept")
+    args = parser.parse_args()
+
+    settings = load_settings()
+    params = settings.params()
+    embedder = load_embedder(params.embedder)
+    dataset = load_beir(args.dataset, "test")
+    root = cached_index(dataset, params.index, embedder, params.indexes_dir, stderr_progress())
+    pipeline = Pipeline.open(root, embedder, params.retrieval)
+    folder = Path(args.dataset) / "rationales"
+    abstracts = {str(json.loads(line)["doc_id"]): json.loads(line) for line in (folder / "corpus_sentences.jsonl").read_text().splitlines()}
+    claims = load_claims(folder, args.split)
+    started = time.perf_counter()
+    cases = gather(pipeline, embedder, claims, abstracts)
+    seconds = time.perf_counter() - started
+    base = compress.CompressionParams()
+    gold = sum(sum(c["gold"]) for c in cases)
+    print(f"machine: {cpu_description()}, {len(claims)} claims ({args.split}), top {TOP} documents, "
+          f"{gold} gold rationale sentences retrieved, {sum(len(c['split'].sentences) for c in cases)} sentences; "
+          f"retrieval + sentence scoring {seconds:.1f} s ({1000 * seconds / len(claims):.1f} ms per claim)")
+    budgets = [int(b) for b in args.budgets.split(",")]
+    lexicals = [float(x) for x in args.lexical.split(",")] if args.lexical else [base.lexical]
+    quotas = [float(x) for x in args.quota.split(",")] if args.quota else [base.quota]
+    print(f"{'lexical':>8} {'quota':>6} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
+    curve = []
+    for lexical in lexicals:
+        for quota in quotas:
+            for budget in budgets:
+                kept, tokens = measure(cases, replace(base, budget_tokens=budget, lexical=lexical, quota=quota))
+                print(f"{lexical:>8.2f} {quota:>6.2f} {budget:>7} {kept:>15.4f} {tokens:>12.4f}")
+                if lexical == base.lexical and quota == base.quota:
+                    curve.append((budget, kept, tokens))
+    if args.plot and curve:
+        plot(curve, args.plot, args.split)
+    kept, tokens = measure(cases, base)
+    print(f"per-claim tokens kept at the default budget: median {statistics.median(_per_claim(cases, base)):.3f}")
+    print(f"rationale_kept={kept:.4f} tokens_kept={tokens:.4f}")
+
+
+def _per_claim(cases, params) -> list[float]:
+    shares = []
+    for case in cases:
+        split = case["split"]
+        if not split.tokens:
+            continue
+        keep = compress.select(split, compress.combined(case["model"], case["overlap"], params), params)
+        shares.append(sum(t for t, k in zip(split.tokens, keep) if k) / sum(split.tokens))
+    return shares
+
+
+def plot(curve, path: str, split: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([t for _, _, t in curve], [k for _, k, _ in curve], marker="o")
+    for budget, kept, tokens in curve:
+        ax.annotate(str(budget), (tokens, kept), textcoords="offset points", xytext=(4, -10), fontsize=8)
+    ax.axhline(0.95, linestyle=":", color="grey")
+    ax.axvline(0.40, linestyle=":", color="grey")
+    ax.set_xlabel("share of tokens kept (top-5 documents)")
+    ax.set_ylabel("share of gold rationale sentences kept")
+    ax.set_title(f"Contextual compression, SciFact claims_{split} (labels: budget in tokens)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

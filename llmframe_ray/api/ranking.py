@@ -1,0 +1,237 @@
+"""The passages of a request, in the pipeline's strict order:
+
+    check -> [query rewriting] -> retrieval of each query (hybrid / dense / sparse, alpha)
+          -> [RRF over the queries' lists] -> [rerank the head] -> [contextual compression] -> top k
+
+Each step's logic is a Ray-free core function (retrieve/rewrite.py, retrieve/compress.py,
+retrieve/rerank.py); `Stages` reaches the models, in this process or through deployments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from llmframe_ray.api.failures import FieldError, StageUnavailableError
+from llmframe_ray.api.params import ServiceParams
+from llmframe_ray.api.stages import Retrieved, Stages
+from llmframe_ray.errors import QueryError
+from llmframe_ray.generate.base import Message, Usage
+from llmframe_ray.index.metadata import NS_SEP, Filter, public_id
+from llmframe_ray.retrieve import compress
+from llmframe_ray.retrieve.plan import ResultLevel
+from llmframe_ray.retrieve.rewrite import QueryRewrite, Rewrite, expand, feedback_terms, fuse_hit_lists, prf_depth
+from llmframe_ray.retrieve.strategy import Strategy, StrategyError, alpha_weights, resolve
+from llmframe_ray.types import Hit, SearchMode
+
+logger = logging.getLogger(__name__)
+
+RERANK_SKIPPED = "the reranker is unavailable: hits are in first-stage order (reranked: false)"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request's retrieval: the text (and the request field that holds it), its options."""
+
+    field: str
+    text: str
+    mode: str | None
+    level: ResultLevel
+    top_k: int
+    rerank: bool | None
+    where: Filter | None = None
+    strategy: str | None = None
+    alpha: float | None = None
+    rewrite: str | None = None
+    history: tuple[Message, ...] = ()
+    budget_tokens: int | None = None
+    threshold: float | None = None
+
+    @classmethod
+    def of(cls, request: Any, field: str, text: str, level: ResultLevel, where: Filter | None,
+           history: Sequence[Message] = ()) -> Ask:
+        """From a search, query or chat request (they share the pipeline fields)."""
+        return cls(
+            field, text, request.mode, level, request.top_k, request.rerank, where, request.retrieval_strategy,
+            request.alpha, request.query_rewrite, tuple(history), request.compression_budget_tokens,
+            request.compression_threshold,
+        )
+
+
+@dataclass(frozen=True)
+class Ranked:
+    version: str
+    mode: SearchMode
+    reranked: bool
+    hits: list[Hit]
+    timings_ms: dict[str, float]
+    warnings: tuple[str, ...] = ()
+    strategy: Strategy = Strategy.HYBRID
+    rewrites: tuple[str, ...] = ()
+    usage: Usage | None = None  # the LLM's tokens for rewriting, counted against the key
+
+
+def ms(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000, 2)
+
+
+def with_total(timings: dict[str, float]) -> dict[str, float]:
+    return {**timings, "total": round(sum(v for k, v in timings.items() if k != "total"), 2)}
+
+
+class Ranking:
+    def __init__(self, stages: Stages, params: ServiceParams) -> None:
+        self.stages = stages
+        self.params = params
+        self._rerank_weights: dict[str, float] = {}  # by index version
+
+    async def ranked(self, ask: Ask) -> Ranked:
+        limits, steps = self.params.limits, self.params.rerank
+        if len(ask.text) > limits.max_query_chars:
+            raise FieldError(ask.field, f"is {len(ask.text)} characters long; the limit is {limits.max_query_chars} (LLMFRAME_MAX_QUERY_CHARS)")
+        if ask.top_k > limits.max_top_k:
+            raise FieldError("top_k", f"must be at most {limits.max_top_k} (LLMFRAME_MAX_TOP_K), got {ask.top_k}")
+        try:
+            plan = resolve(ask.strategy, ask.mode, self.params.default_mode)
+            if ask.alpha is not None:
+                alpha_weights(ask.alpha)
+        except StrategyError as exc:
+            raise FieldError(exc.field, str(exc)) from None
+        rerank = steps.enabled if ask.rerank is None else ask.rerank
+        if rerank and not self.stages.has_reranker:
+            raise FieldError(
+                "rerank", "this server has no reranker (deploy it with a reranker model: LLMFRAME_RERANKER_ENABLED=true)"
+            )
+        kind = self.params.rewrite.default if ask.rewrite is None else QueryRewrite.from_str(ask.rewrite)
+        timings: dict[str, float] = {}
+        warnings: list[str] = []
+        rewrite = Rewrite((ask.text,), "none")
+        if kind in (QueryRewrite.CONVERSATIONAL, QueryRewrite.MULTI_QUERY):
+            start = time.perf_counter()
+            rewrite = await self._rewrite(kind, ask)
+            timings["rewrite"] = ms(start)
+            warnings.extend([rewrite.warning] if rewrite.warning else [])
+        start = time.perf_counter()
+        wanted = steps.wanted(ask.top_k, rerank)
+        if kind is QueryRewrite.PRF:
+            retrieved, queries = await self._prf(ask, plan.mode, wanted)
+        else:
+            retrieved, queries = await self._each(ask, rewrite.queries, plan.mode, wanted, warnings)
+        timings["retrieve"] = ms(start)
+        # a request sees one namespace: its documents by the ids their tenant gave them
+        hits = [
+            replace(h, doc_id=public_id(h.doc_id), chunk_id=public_id(h.chunk_id)) if NS_SEP in h.doc_id else h
+            for h in retrieved.hits
+        ]
+        main = queries[0]  # the question, or its standalone form: what reranking and compression read
+        if rerank and hits:
+            start = time.perf_counter()
+            try:
+                scores = await self.stages.rerank_scores(main, steps.passages(hits))
+            except StageUnavailableError as exc:
+                if not self.params.rerank_fail_open:
+                    raise
+                logger.warning("answering without reranking: %s", exc)
+                rerank = False
+                warnings.append(RERANK_SKIPPED)
+            else:
+                hits = steps.apply(main, hits, scores, weight=await self._rerank_weight(retrieved.version))
+            timings["rerank"] = ms(start)
+        hits = hits[: ask.top_k]
+        if (plan.compress or ask.budget_tokens or ask.threshold is not None) and hits:
+            start = time.perf_counter()
+            hits = await self._compress(main, hits, ask, warnings)
+            timings["compress"] = ms(start)
+        rewrites = tuple(q for q in queries if q != ask.text)
+        return Ranked(
+            retrieved.version, plan.mode, rerank, hits, with_total(timings), tuple(warnings), plan.strategy,
+            rewrites, rewrite.usage,
+        )
+
+    async def _rewrite(self, kind: QueryRewrite, ask: Ask) -> Rewrite:
+        try:
+            return await self.stages.rewrite(kind, ask.text, list(ask.history), self.params.rewrite)
+        except Exception as exc:  # noqa: BLE001 - the Generator is down: retrieve the question as asked
+            return Rewrite((ask.text,), "original", f"query rewriting ({kind.value}) failed, the original query was used: {exc}")
+
+    async def _retrieve(self, field: str, text: str, mode: SearchMode, ask: Ask, top_k: int) -> Retrieved:
+        try:
+            return await self.stages.retrieve(text, mode, ask.level, top_k, ask.where, ask.alpha)
+        except QueryError as exc:
+            raise FieldError(field, str(exc)) from None
+
+    async def _each(
+        self, ask: Ask, queries: Sequence[str], mode: SearchMode, top_k: int, warnings: list[str]
+    ) -> tuple[Retrieved, tuple[str, ...]]:
+        """Every query retrieved at once; several are fused by RRF. A rewritten query that
+        cannot be searched (too long for the model) is left out with a warning."""
+        first = self._retrieve(ask.field, queries[0], mode, ask, top_k)
+        if len(queries) == 1:
+            return await first, tuple(queries)
+        results = await asyncio.gather(first, *(self.stages.retrieve(q, mode, ask.level, top_k, ask.where, ask.alpha) for q in queries[1:]), return_exceptions=True)
+        kept: list[tuple[str, Retrieved]] = []
+        for query, result in zip(queries, results):
+            if isinstance(result, QueryError) and query != queries[0]:
+                warnings.append(f"the rewritten query {query[:80]!r} was not searched: {result}")
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                kept.append((query, result))
+        lists = [r.hits for _, r in kept]
+        fused = fuse_hit_lists(lists, [1.0] * len(lists), self.params.rewrite.rrf_k, top_k, ask.level is ResultLevel.CHUNK)
+        return Retrieved(kept[0][1].version, fused), tuple(q for q, _ in kept)
+
+    async def _prf(self, ask: Ask, mode: SearchMode, top_k: int) -> tuple[Retrieved, tuple[str, ...]]:
+        """Pseudo-relevance feedback: the first pass's top documents give terms; the expanded
+        query's list is fused with the first (weight LLMFRAME_PRF_WEIGHT against 1)."""
+        params = self.params.rewrite
+        first = await self._retrieve(ask.field, ask.text, mode, ask, prf_depth(top_k, params))
+        terms = feedback_terms(ask.text, first.hits, params.prf_docs, params.prf_terms)
+        if not terms:
+            return Retrieved(first.version, first.hits[:top_k]), (ask.text,)
+        expanded = expand(ask.text, terms)
+        second = await self._retrieve(ask.field, expanded, mode, ask, top_k)
+        fused = fuse_hit_lists(
+            [first.hits[:top_k], second.hits], [1.0, params.prf_weight], params.rrf_k, top_k, ask.level is ResultLevel.CHUNK
+        )
+        return Retrieved(first.version, fused), (ask.text, expanded)
+
+    async def _compress(self, query: str, hits: list[Hit], ask: Ask, warnings: list[str]) -> list[Hit]:
+        params = self.params.compression
+        if ask.threshold is not None:  # the request's threshold, with its budget if it gives one
+            params = replace(params, threshold=ask.threshold, budget_tokens=ask.budget_tokens)
+        elif ask.budget_tokens is not None:
+            params = replace(params, budget_tokens=ask.budget_tokens)
+        split = compress.Split.of_hits(hits)
+        texts = [compress.scoring_text(hits[p].title, s) for p, s in zip(split.owner, split.sentences)]
+        use_ce = params.scorer is compress.Scorer.CROSS_ENCODER or (params.scorer is compress.Scorer.AUTO and self.stages.has_reranker)
+        try:
+            if use_ce:
+                model = list(await self.stages.rerank_scores(query, texts))
+            else:
+                vectors = await self.stages.embed_texts([query[: compress.MAX_SENTENCE_CHARS], *texts])
+                if vectors[0] is None:
+                    raise StageUnavailableError("the query encoder could not embed the question")
+                model = compress.cosines(vectors[0], vectors[1:])
+        except StageUnavailableError as exc:
+            warnings.append(f"contextual compression was skipped: {exc}")
+            return hits
+        scores = compress.combined(model, compress.lexical_overlap(query, split.sentences), params)
+        return compress.apply(hits, split, compress.select(split, scores, params))
+
+    async def _rerank_weight(self, version: str) -> float:
+        """The cross-encoder's fusion weight for this index version: set, or by its domain
+        similarity (retrieve/rerank.py), asked once per version; far when that cannot be had."""
+        if self.params.rerank.weight is not None:
+            return self.params.rerank.weight
+        if version not in self._rerank_weights:
+            try:
+                similarity = await self.stages.rerank_similarity(version)
+            except Exception as exc:  # noqa: BLE001 - the safe weight, asked again next time
+                logger.warning("reranker fusion weight for version %s: domain unknown (%s)", version, exc)
+                return self.params.rerank.weight_for(None)
+            self._rerank_weights[version] = self.params.rerank.weight_for(similarity)
+        return self._rerank_weights[version]

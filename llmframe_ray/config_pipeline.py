@@ -1,0 +1,43 @@
+"""The settings of the advanced pipeline (part of config.Settings): query rewriting before
+retrieval and contextual compression after reranking."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from llmframe_ray.config_writes import WriteSettings, _env
+from llmframe_ray.errors import ConfigError
+from llmframe_ray.retrieve.compress import CompressionParams, Scorer
+from llmframe_ray.retrieve.rewrite import QueryRewrite, RewriteParams
+
+
+class PipelineSettings(WriteSettings):
+    # a request without `query_rewrite` gets this: none, multi-query, prf or conversational
+    query_rewrite: str = Field("none", validation_alias=_env("QUERY_REWRITE"))
+    multi_query_n: int = Field(3, ge=1, le=10, validation_alias=_env("MULTI_QUERY_N"))
+    prf_docs: int = Field(3, ge=1, le=100, validation_alias=_env("PRF_DOCS"))
+    prf_terms: int = Field(8, ge=1, le=100, validation_alias=_env("PRF_TERMS"))
+    prf_weight: float = Field(0.5, ge=0, le=10, validation_alias=_env("PRF_WEIGHT"))
+    rewrite_timeout_s: float = Field(10.0, gt=0, le=300, validation_alias=_env("REWRITE_TIMEOUT_S"))
+    # retrieval_strategy "compressed": tokens of passage text kept (0: by threshold only), the
+    # score a sentence needs to be kept regardless of the budget (unset: none), the scorer
+    compression_budget_tokens: int = Field(450, ge=0, le=1_000_000, validation_alias=_env("COMPRESSION_BUDGET_TOKENS"))
+    compression_threshold: float | None = Field(None, validation_alias=_env("COMPRESSION_THRESHOLD"))
+    compression_scorer: Scorer = Field(Scorer.AUTO, validation_alias=_env("COMPRESSION_SCORER"))
+
+    @field_validator("query_rewrite")
+    @classmethod
+    def _rewrite(cls, value: str) -> str:
+        return QueryRewrite.from_str(value).value
+
+    def rewrite_params(self) -> RewriteParams:
+        return RewriteParams(
+            default=self.query_rewrite, queries=self.multi_query_n, prf_docs=self.prf_docs,
+            prf_terms=self.prf_terms, prf_weight=self.prf_weight, timeout_s=self.rewrite_timeout_s,
+        )
+
+    def compression_params(self) -> CompressionParams:
+        budget = self.compression_budget_tokens or None
+        if budget is None and self.compression_threshold is None:
+            raise ConfigError("LLMFRAME_COMPRESSION_BUDGET_TOKENS is 0 and no LLMFRAME_COMPRESSION_THRESHOLD is set")
+        return CompressionParams(budget_tokens=budget, threshold=self.compression_threshold, scorer=self.compression_scorer)

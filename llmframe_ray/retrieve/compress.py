@@ -1,0 +1,158 @@
+"""Contextual compression, the stage between reranking and generation: keep only the sentences of
+each retrieved passage that matter for the question, so the answer prompt gets fewer tokens.
+
+    passages -> sentences -> a score per sentence (below) -> keep by token budget or threshold
+             -> each hit's text becomes its kept sentences, in their order ("..." where some were cut)
+
+A sentence's score is its embedding's cosine with the query's (`embedder`: the query encoder that
+retrieval uses) or the cross-encoder's score of (query, sentence) (`cross-encoder`, where a
+reranker is deployed), plus `lexical` times the share of the query's content stems that it holds.
+Every passage keeps its best sentence, so every citation still points at the document and chunk
+it came from with text that matters; the rest of the budget goes to the best sentences overall,
+each passage first filling a quota in proportion to its length (so one long passage cannot take
+the budget from the others).
+
+Ray-free: the API service gets the scores from its stages and calls `select` and `apply`; the
+benchmark (benchmarks/compression.py) calls the same functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from llmframe_ray.generate.sessions import estimate_tokens
+from llmframe_ray.ingest.chunker import sentences as split_sentences
+from llmframe_ray.retrieve.words import stems
+from llmframe_ray.types import Choice, Hit
+
+ELLIPSIS = "..."
+MAX_SENTENCE_CHARS = 1000  # what the scorer sees of one sentence (the query encoder's length)
+
+
+class Scorer(Choice):
+    AUTO = "auto"  # the cross-encoder where one is deployed, else the embedder
+    EMBEDDER = "embedder"
+    CROSS_ENCODER = "cross-encoder"
+
+    @classmethod
+    def label(cls) -> str:
+        return "compression scorer"
+
+
+@dataclass(frozen=True)
+class CompressionParams:
+    """`budget_tokens`: tokens of passage text kept over all passages (estimated as characters
+    / 4, as the prompt budget is), or None to keep by `threshold` alone (sentences scoring at
+    least it). `quota`: the share of the budget handed out per passage (by length) before the
+    rest goes to the best sentences overall. Defaults chosen on SciFact claims_train
+    (benchmarks/compression.py --split train)."""
+
+    budget_tokens: int | None = 450
+    threshold: float | None = None
+    quota: float = 0.5
+    lexical: float = 0.3
+    scorer: Scorer = Scorer.AUTO
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scorer", Scorer.from_str(self.scorer))
+        if self.budget_tokens is None and self.threshold is None:
+            raise ValueError("compression needs a token budget or a score threshold")
+        if self.budget_tokens is not None and self.budget_tokens < 1:
+            raise ValueError(f"budget_tokens must be at least 1, got {self.budget_tokens!r}")
+        if not 0.0 <= self.quota <= 1.0:
+            raise ValueError(f"quota must be within [0, 1], got {self.quota!r}")
+
+
+@dataclass(frozen=True)
+class Split:
+    """The passages' sentences, flattened: `owner[i]` is the passage of sentence i."""
+
+    sentences: list[str]
+    owner: list[int]
+    tokens: list[int]
+
+    @classmethod
+    def of(cls, passages: Sequence[Sequence[str]]) -> Split:
+        flat = [(p, s) for p, sents in enumerate(passages) for s in sents]
+        return cls([s for _, s in flat], [p for p, _ in flat], [estimate_tokens(s) for _, s in flat])
+
+    @classmethod
+    def of_hits(cls, hits: Sequence[Hit]) -> Split:
+        return cls.of([split_sentences(h.text) or [h.text] for h in hits])
+
+
+def scoring_text(title: str, sentence: str) -> str:
+    """What the scorer reads of a sentence: its passage's title (as every ranker reads a chunk)
+    and the sentence, cut to what the query encoder takes."""
+    text = f"{title}\n{sentence}" if title else sentence
+    return text[:MAX_SENTENCE_CHARS]
+
+
+def cosines(query: np.ndarray, vectors: Sequence[np.ndarray | None]) -> list[float]:
+    """Cosine of unit vectors; 0 for a sentence the encoder could not take."""
+    return [0.0 if v is None else float(np.dot(query, v)) for v in vectors]
+
+
+def lexical_overlap(query: str, sentences: Sequence[str]) -> list[float]:
+    """The share of the query's distinct content stems that each sentence holds."""
+    wanted = set(stems(query))
+    if not wanted:
+        return [0.0] * len(sentences)
+    return [len(wanted & set(stems(s))) / len(wanted) for s in sentences]
+
+
+def combined(model_scores: Sequence[float], overlap: Sequence[float], params: CompressionParams) -> list[float]:
+    return [m + params.lexical * o for m, o in zip(model_scores, overlap)]
+
+
+def select(split: Split, scores: Sequence[float], params: CompressionParams) -> list[bool]:
+    """Which sentences to keep (see the module docstring)."""
+    n = len(split.sentences)
+    keep = [False] * n
+    order = sorted(range(n), key=lambda i: (-scores[i], i))
+    best: dict[int, int] = {}
+    for i in order:
+        best.setdefault(split.owner[i], i)
+    for i in best.values():
+        keep[i] = True
+    if params.threshold is not None:
+        for i in order:
+            keep[i] = keep[i] or scores[i] >= params.threshold
+    if params.budget_tokens is None:
+        return keep
+    spent = sum(t for t, k in zip(split.tokens, keep) if k)
+    total = sum(split.tokens) or 1
+    passage_tokens: dict[int, int] = {}
+    for p, t in zip(split.owner, split.tokens):
+        passage_tokens[p] = passage_tokens.get(p, 0) + t
+    used = {p: split.tokens[i] for p, i in best.items()}
+    quota = {p: params.quota * params.budget_tokens * t / total for p, t in passage_tokens.items()}
+    for in_quota in (True, False):
+        for i in order:
+            p, t = split.owner[i], split.tokens[i]
+            if keep[i] or spent + t > params.budget_tokens or (in_quota and used[p] + t > quota[p]):
+                continue
+            keep[i], spent, used[p] = True, spent + t, used[p] + t
+    return keep
+
+
+def apply(hits: Sequence[Hit], split: Split, keep: Sequence[bool]) -> list[Hit]:
+    """The hits with their text cut to the kept sentences, "..." marking each cut (ids, titles
+    and ranks unchanged)."""
+    by_passage: list[list[tuple[str, bool]]] = [[] for _ in hits]
+    for p, sentence, kept in zip(split.owner, split.sentences, keep):
+        by_passage[p].append((sentence, kept))
+    out = []
+    for hit, sents in zip(hits, by_passage):
+        pieces: list[str] = []
+        for sentence, kept in sents:
+            if kept:
+                pieces.append(sentence)
+            elif not pieces or pieces[-1] != ELLIPSIS:
+                pieces.append(ELLIPSIS)
+        text = " ".join(pieces).strip()
+        out.append(replace(hit, text=text) if any(k for _, k in sents) else hit)
+    return out

@@ -1,0 +1,1 @@
+"""Agent tools over the served HTTP API: tool definitions (MCP, OpenAI, Anthropic) and the MCP server."""

@@ -1,0 +1,172 @@
+"""The advanced pipeline through the HTTP API, in process: retrieval strategies, alpha, query
+rewriting (multi-query, PRF, conversational) and contextual compression."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from llmframe_ray.api.auth import ApiKeys
+from llmframe_ray.api.http import create_app
+from llmframe_ray.api.local import LocalStages
+from llmframe_ray.api.service import RagService
+from llmframe_ray.config import load_settings
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.ingest.build import build_index
+from llmframe_ray.ingest.chunker import sentences
+from llmframe_ray.retrieve.pipeline import Pipeline
+from llmframe_ray.retrieve.rewrite import decompose, expand, feedback_terms, fuse_hit_lists
+from llmframe_ray.retrieve.strategy import GRAPH_MISSING
+from llmframe_ray.types import Document
+from tests.unit.test_http_api import DOCS, as_dicts
+
+KEY = "test-key-advanced-0123"
+AUTH = {"X-API-Key": KEY}
+MOON = Document("moon-facts", title="The Moon", text=(
+    "The Moon is Earth's only natural satellite. It is about a quarter of Earth's diameter. "
+    "Its gravity raises the ocean tides twice a day. The far side was first photographed in 1959. "
+    "Astronauts first walked on it in 1969."
+))
+
+
+@pytest.fixture(scope="module")
+def settings():
+    return load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, max_top_k=20, api_secret_key=KEY, llm_providers="extractive")
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory, settings, embedder):
+    root = tmp_path_factory.mktemp("advanced") / "index"
+    build_index([*DOCS, MOON], root, settings.params().index, embedder)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pipeline(index_dir, settings, embedder):
+    return Pipeline.open(index_dir, embedder, settings.params().retrieval)
+
+
+@pytest.fixture(scope="module")
+def client(index_dir, settings, pipeline):
+    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version())
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def search(client, **body):
+    response = client.post("/v1/search", headers=AUTH, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.parametrize(("strategy", "mode"), [("hybrid", "hybrid"), ("dense", "dense"), ("sparse", "bm25")])
+def test_each_strategy_is_its_mode(client, pipeline, strategy, mode):
+    got = search(client, query="what pulls the ocean tides", retrieval_strategy=strategy, top_k=5)
+    assert (got["retrieval_strategy"], got["mode"], got["rewrites"]) == (strategy, mode, [])
+    assert got["hits"] == as_dicts(pipeline.search("what pulls the ocean tides", mode, 5))
+    by_mode = search(client, query="what pulls the ocean tides", mode=mode, top_k=5)
+    assert by_mode["hits"] == got["hits"] and by_mode["retrieval_strategy"] == strategy
+
+
+@pytest.mark.parametrize(("body", "field", "message"), [
+    ({"retrieval_strategy": "graph"}, "retrieval_strategy", f"retrieval_strategy: {GRAPH_MISSING}"),
+    ({"retrieval_strategy": "sparse", "mode": "dense"}, "mode",
+     "mode: mode 'dense' contradicts retrieval_strategy 'sparse' (which searches with 'bm25'); send one of them"),
+    ({"retrieval_strategy": "fuzzy"}, "retrieval_strategy",
+     "retrieval_strategy: Input should be 'hybrid', 'dense', 'sparse', 'graph' or 'compressed'"),
+    ({"alpha": 1.5}, "alpha", "alpha: Input should be less than or equal to 1"),
+    ({"query_rewrite": "hyde"}, "query_rewrite",
+     "query_rewrite: Input should be 'none', 'multi-query', 'prf' or 'conversational'"),
+])
+def test_bad_pipeline_fields_are_422_naming_them(client, body, field, message):
+    response = client.post("/v1/search", headers=AUTH, json={"query": "moon", **body})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == {"type": "invalid_request", "message": message, "field": field}
+
+
+def test_alpha_weights_the_rankers(client, pipeline):
+    query = "moon orbit phases"
+    equal = search(client, query=query, alpha=0.5, top_k=8)["hits"]
+    assert equal == search(client, query=query, top_k=8)["hits"]  # 0.5: the configured equal weights
+    dense_only = search(client, query=query, alpha=1.0, top_k=8)["hits"]
+    assert dense_only == as_dicts(pipeline.search(query, "hybrid", 8, alpha=1.0))
+    dense = pipeline.search(query, "dense", 8)
+    # with BM25's weight 0, the order is dense retrieval's (BM25-only finds after it, at score 0)
+    assert [h["doc_id"] for h in dense_only[: len(dense)]] == [h.doc_id for h in dense]
+    assert {h["score"] for h in dense_only[len(dense):]} <= {0.0}
+
+
+def test_prf_expands_with_the_first_pass_terms_and_fuses_both(client, pipeline, settings):
+    params = settings.params().service.rewrite
+    query = "ocean tides"
+    got = search(client, query=query, query_rewrite="prf", top_k=5)
+    first = pipeline.search(query, "hybrid", max(5, params.prf_docs))
+    terms = feedback_terms(query, first, params.prf_docs, params.prf_terms)
+    assert terms, "the sample corpus gives feedback terms"
+    expanded = expand(query, terms)
+    assert got["rewrites"] == [expanded]
+    second = pipeline.search(expanded, "hybrid", 5)
+    assert got["hits"] == as_dicts(fuse_hit_lists([first[:5], second], [1.0, params.prf_weight], params.rrf_k, 5))
+
+
+def test_offline_multi_query_retrieves_each_part_and_fuses(client, pipeline, settings):
+    question = "Which is about microbes, the sourdough starter or the bicycle commute?"
+    parts = decompose(question, settings.params().service.rewrite.queries)
+    assert len(parts) >= 2
+    got = search(client, query=question, query_rewrite="multi-query", top_k=4)
+    assert got["rewrites"] == parts
+    lists = [pipeline.search(q, "hybrid", 4) for q in [question, *parts]]
+    assert got["hits"] == as_dicts(fuse_hit_lists(lists, [1.0] * len(lists), 60, 4))
+    assert "timings_ms" in got and "rewrite" in got["timings_ms"]
+
+
+def test_conversational_rewrite_uses_the_session(client):
+    first = client.post("/v1/query", headers=AUTH, json={"question": "What drives ocean tides?", "session_id": "s-1"}).json()
+    assert first["rewrites"] == []  # nothing before it: the question as asked
+    follow = client.post("/v1/query", headers=AUTH, json={
+        "question": "and eclipses?", "session_id": "s-1", "query_rewrite": "conversational",
+    })
+    assert follow.status_code == 200, follow.text
+    assert follow.json()["rewrites"] == ["drives ocean tides eclipses?"]
+    alone = client.post("/v1/query", headers=AUTH, json={"question": "and eclipses?", "query_rewrite": "conversational"}).json()
+    assert alone["rewrites"] == []  # no session: nothing to carry
+
+
+def test_conversational_rewrite_in_chat_uses_the_messages(client):
+    response = client.post("/v1/chat/completions", headers=AUTH, json={
+        "query_rewrite": "conversational",
+        "messages": [
+            {"role": "user", "content": "How is a sourdough starter made?"},
+            {"role": "assistant", "content": "From wild yeast [1]."},
+            {"role": "user", "content": "what about the bacteria?"},
+        ],
+    })
+    assert response.status_code == 200, response.text
+    assert response.json()["llmframe"]["rewrites"] == ["sourdough starter made the bacteria?"]
+
+
+def test_compressed_keeps_sentences_of_the_same_hits(client):
+    query = "When did astronauts walk on the Moon?"
+    hybrid = search(client, query=query, top_k=3)["hits"]
+    tight = search(client, query=query, retrieval_strategy="compressed", compression_budget_tokens=1, top_k=3)
+    assert tight["retrieval_strategy"] == "compressed" and tight["mode"] == "hybrid"
+    assert [h["chunk_id"] for h in tight["hits"]] == [h["chunk_id"] for h in hybrid]
+    assert "compress" in tight["timings_ms"]
+    for full, cut in zip(hybrid, tight["hits"]):
+        kept = [s for s in cut["text"].split("...") if s.strip()]
+        assert len(kept) == 1 and kept[0].strip() in sentences(full["text"])  # one token: each keeps its best sentence
+    moon = next(h for h in tight["hits"] if h["doc_id"] == "moon-facts")
+    assert moon["text"] == "... Astronauts first walked on it in 1969."
+    loose = search(client, query=query, retrieval_strategy="compressed", compression_budget_tokens=100_000, top_k=3)
+    assert [h["text"] for h in loose["hits"]] == [h["text"] for h in hybrid]  # everything fits: nothing cut
+
+
+def test_compressed_answers_cite_the_same_documents(client):
+    asked = {"question": "When did astronauts walk on the Moon?", "top_k": 3}
+    plain = client.post("/v1/query", headers=AUTH, json=asked).json()
+    squeezed = client.post("/v1/query", headers=AUTH, json={**asked, "retrieval_strategy": "compressed", "compression_budget_tokens": 20}).json()
+    assert squeezed["retrieval_strategy"] == "compressed"
+    retrieved = {h["doc_id"] for h in search(client, query=asked["question"], top_k=3)["hits"]}
+    assert squeezed["citations"] and {c["doc_id"] for c in squeezed["citations"]} <= retrieved
+    assert squeezed["usage"]["input_tokens"] < plain["usage"]["input_tokens"]
