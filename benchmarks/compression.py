@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import statistics
 import sys
 import time
@@ -44,24 +45,28 @@ def load_claims(folder: Path, split: str) -> list[dict]:
 
 def gather(pipeline, embedder, claims, abstracts) -> list[dict]:
     """Per claim: the top documents' sentences, each sentence's model score and lexical
-    overlap, and which sentences are gold rationales."""
-    cases = []
+    overlap, and which sentences are gold rationales. A document's sentence vectors do not
+    depend on the claim: each retrieved document is embedded once."""
     texts = [c["claim"] for c in claims]
     found = pipeline.search_batch(texts, "hybrid", TOP, truncate=True)
-    for claim, hits in zip(claims, found):
-        docs = [h.doc_id for h in hits if h.doc_id in abstracts]
+    docs_of = [[h.doc_id for h in hits if h.doc_id in abstracts] for hits in found]
+    needed = sorted({d for docs in docs_of for d in docs})
+    titled = [compress.scoring_text(abstracts[d]["title"], s) for d in needed for s in abstracts[d]["abstract"]]
+    print(f"embedding {len(titled)} sentences of {len(needed)} retrieved documents and {len(texts)} claims", file=sys.stderr)
+    flat = list(embedder.embed(titled)) if titled else []
+    vectors, at = {}, 0
+    for d in needed:
+        n = len(abstracts[d]["abstract"])
+        vectors[d], at = flat[at : at + n], at + n
+    queries = embedder.embed(texts)
+    cases = []
+    for claim, query, docs in zip(claims, queries, docs_of):
         split = compress.Split.of([abstracts[d]["abstract"] for d in docs])
-        titled = [compress.scoring_text(abstracts[docs[p]]["title"], s) for p, s in zip(split.owner, split.sentences)]
-        query = embedder.embed([claim["claim"]])[0]
-        vectors = embedder.embed(titled) if titled else []
         gold = {(d, i) for d, ev in claim["evidence"].items() for e in ev for i in e["sentences"]}
-        position, flags = {}, []
-        for p in split.owner:
-            position[p] = position.get(p, -1) + 1
-            flags.append((docs[p], position[p]) in gold)
+        flags = [(d, i) in gold for d in docs for i in range(len(abstracts[d]["abstract"]))]
         cases.append({
             "split": split, "gold": flags,
-            "model": compress.cosines(query, list(vectors)),
+            "model": compress.cosines(query, [v for d in docs for v in vectors[d]]),
             "overlap": compress.lexical_overlap(claim["claim"], split.sentences),
         })
     return cases
@@ -87,6 +92,7 @@ def main() -> None:
     parser.add_argument("--lexical", default=None, help="comma-separated lexical weights to sweep (train)")
     parser.add_argument("--quota", default=None, help="comma-separated quotas to sweep (train)")
     parser.add_argument("--plot", default=None, help="write a PNG of rationale kept against tokens kept")
+    parser.add_argument("--fresh", action="store_true", help="score the sentences again instead of reading the cache")
     args = parser.parse_args()
 
     settings = load_settings()
@@ -99,13 +105,19 @@ def main() -> None:
     abstracts = {str(json.loads(line)["doc_id"]): json.loads(line) for line in (folder / "corpus_sentences.jsonl").read_text().splitlines()}
     claims = load_claims(folder, args.split)
     started = time.perf_counter()
-    cases = gather(pipeline, embedder, claims, abstracts)
+    cache = settings.home / "bench" / f"compression-{args.split}-{root.name}.pkl"
+    if cache.is_file() and not args.fresh:  # scores depend on the index and model only, not on the settings swept
+        cases = pickle.loads(cache.read_bytes())
+    else:
+        cases = gather(pipeline, embedder, claims, abstracts)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_bytes(pickle.dumps(cases))
     seconds = time.perf_counter() - started
     base = compress.CompressionParams()
     gold = sum(sum(c["gold"]) for c in cases)
     print(f"machine: {cpu_description()}, {len(claims)} claims ({args.split}), top {TOP} documents, "
           f"{gold} gold rationale sentences retrieved, {sum(len(c['split'].sentences) for c in cases)} sentences; "
-          f"retrieval + sentence scoring {seconds:.1f} s ({1000 * seconds / len(claims):.1f} ms per claim)")
+          f"retrieval + sentence scoring {seconds:.1f} s (cached: {cache.name})")
     budgets = [int(b) for b in args.budgets.split(",")]
     lexicals = [float(x) for x in args.lexical.split(",")] if args.lexical else [base.lexical]
     quotas = [float(x) for x in args.quota.split(",")] if args.quota else [base.quota]

@@ -15,8 +15,10 @@ class PipelineSettings(WriteSettings):
     # a request without `query_rewrite` gets this: none, multi-query, prf or conversational
     query_rewrite: str = Field("none", validation_alias=_env("QUERY_REWRITE"))
     multi_query_n: int = Field(3, ge=1, le=10, validation_alias=_env("MULTI_QUERY_N"))
+    multi_query_weight: float = Field(1.0, ge=0, le=10, validation_alias=_env("MULTI_QUERY_WEIGHT"))
+    multi_query_parts_weight: float = Field(0.1, ge=0, le=10, validation_alias=_env("MULTI_QUERY_PARTS_WEIGHT"))
     prf_docs: int = Field(3, ge=1, le=100, validation_alias=_env("PRF_DOCS"))
-    prf_terms: int = Field(8, ge=1, le=100, validation_alias=_env("PRF_TERMS"))
+    prf_terms: int = Field(5, ge=1, le=100, validation_alias=_env("PRF_TERMS"))
     prf_weight: float = Field(0.5, ge=0, le=10, validation_alias=_env("PRF_WEIGHT"))
     rewrite_timeout_s: float = Field(10.0, gt=0, le=300, validation_alias=_env("REWRITE_TIMEOUT_S"))
     # retrieval_strategy "compressed": tokens of passage text kept (0: by threshold only), the
@@ -32,7 +34,8 @@ class PipelineSettings(WriteSettings):
 
     def rewrite_params(self) -> RewriteParams:
         return RewriteParams(
-            default=self.query_rewrite, queries=self.multi_query_n, prf_docs=self.prf_docs,
+            default=self.query_rewrite, queries=self.multi_query_n, multi_weight=self.multi_query_weight,
+            parts_weight=self.multi_query_parts_weight, prf_docs=self.prf_docs,
             prf_terms=self.prf_terms, prf_weight=self.prf_weight, timeout_s=self.rewrite_timeout_s,
         )
 

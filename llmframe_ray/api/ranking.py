@@ -23,7 +23,9 @@ from llmframe_ray.generate.base import Message, Usage
 from llmframe_ray.index.metadata import NS_SEP, Filter, public_id
 from llmframe_ray.retrieve import compress
 from llmframe_ray.retrieve.plan import ResultLevel
-from llmframe_ray.retrieve.rewrite import QueryRewrite, Rewrite, expand, feedback_terms, fuse_hit_lists, prf_depth
+from llmframe_ray.retrieve.rewrite import (
+    QueryRewrite, Rewrite, expand, feedback_terms, fuse_hit_lists, prf_depth, query_weights,
+)
 from llmframe_ray.retrieve.strategy import Strategy, StrategyError, alpha_weights, resolve
 from llmframe_ray.types import Hit, SearchMode
 
@@ -119,7 +121,7 @@ class Ranking:
         if kind is QueryRewrite.PRF:
             retrieved, queries = await self._prf(ask, plan.mode, wanted)
         else:
-            retrieved, queries = await self._each(ask, rewrite.queries, plan.mode, wanted, warnings)
+            retrieved, queries = await self._each(ask, rewrite.queries, rewrite.source, plan.mode, wanted, warnings)
         timings["retrieve"] = ms(start)
         # a request sees one namespace: its documents by the ids their tenant gave them
         hits = [
@@ -164,7 +166,7 @@ class Ranking:
             raise FieldError(field, str(exc)) from None
 
     async def _each(
-        self, ask: Ask, queries: Sequence[str], mode: SearchMode, top_k: int, warnings: list[str]
+        self, ask: Ask, queries: Sequence[str], source: str, mode: SearchMode, top_k: int, warnings: list[str]
     ) -> tuple[Retrieved, tuple[str, ...]]:
         """Every query retrieved at once; several are fused by RRF. A rewritten query that
         cannot be searched (too long for the model) is left out with a warning."""
@@ -181,7 +183,8 @@ class Ranking:
             else:
                 kept.append((query, result))
         lists = [r.hits for _, r in kept]
-        fused = fuse_hit_lists(lists, [1.0] * len(lists), self.params.rewrite.rrf_k, top_k, ask.level is ResultLevel.CHUNK)
+        weights = query_weights(len(kept), self.params.rewrite, offline=source == "offline")
+        fused = fuse_hit_lists(lists, weights, self.params.rewrite.rrf_k, top_k, ask.level is ResultLevel.CHUNK)
         return Retrieved(kept[0][1].version, fused), tuple(q for q, _ in kept)
 
     async def _prf(self, ask: Ask, mode: SearchMode, top_k: int) -> tuple[Retrieved, tuple[str, ...]]:

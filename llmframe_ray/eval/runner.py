@@ -25,7 +25,7 @@ from llmframe_ray.retrieve.pipeline import Pipeline, ResultLevel
 from llmframe_ray.retrieve.rerank import RerankFusion
 from llmframe_ray.errors import ModelError
 from llmframe_ray.generate.rewriting import offline_rewrite
-from llmframe_ray.retrieve.rewrite import QueryRewrite, RewriteParams, expand, feedback_terms, fuse_hit_lists, prf_depth
+from llmframe_ray.retrieve.rewrite import QueryRewrite, RewriteParams, expand, feedback_terms, fuse_hit_lists, prf_depth, query_weights
 from llmframe_ray.types import Choice, Hit, SearchMode
 
 RUN_DEPTH = 100
@@ -177,7 +177,7 @@ def run_rewritten(
         at = 0
         for vs in variants:
             lists, at = flat[at : at + len(vs)], at + len(vs)
-            fused.append(fuse_hit_lists(lists, [1.0] * len(lists), params.rrf_k, depth))
+            fused.append(fuse_hit_lists(lists, query_weights(len(lists), params, offline=True), params.rrf_k, depth))
     return {qid: [(h.doc_id, h.score) for h in hits] for qid, hits in zip(qids, fused)}
 
 

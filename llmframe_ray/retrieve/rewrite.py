@@ -38,7 +38,10 @@ class QueryRewrite(Choice):
 
 @dataclass(frozen=True)
 class RewriteParams:
-    """`queries`: rewrites asked of the LLM for multi-query; PRF reads the first pass's top
+    """`queries`: rewrites asked of the LLM for multi-query, each list fused with weight
+    `multi_weight` against the question's 1 (`parts_weight` for the offline rewriter's parts,
+    which lost to plain hybrid on the tuning queries at every weight tried; 0.1 lost least);
+    PRF reads the first pass's top
     `prf_docs` documents, adds `prf_terms` terms, and fuses the expanded query's list with
     weight `prf_weight` against the original's 1 (chosen on SciFact train and the first 100
     HotpotQA questions: benchmarks/rewrite_sweep.py)."""
@@ -46,8 +49,10 @@ class RewriteParams:
     default: QueryRewrite = QueryRewrite.NONE
     queries: int = 3
     prf_docs: int = 3
-    prf_terms: int = 8
+    prf_terms: int = 5
     prf_weight: float = 0.5
+    multi_weight: float = 1.0  # each LLM rewrite's list against the question's 1 (multi-query)
+    parts_weight: float = 0.1  # each offline part's list against the question's 1 (multi-query without a key)
     rrf_k: int = 60
     max_tokens: int = 400  # of the LLM's rewrite answer
     max_chars: int = 2000  # a rewrite longer than this is cut at a word
@@ -210,6 +215,12 @@ def fuse_hit_lists(
             rank=rank, ranks={**ranks, **item.ranks}, metadata=hit.metadata,
         ))
     return out
+
+
+def query_weights(n: int, params: RewriteParams, offline: bool) -> list[float]:
+    """RRF weights of a multi-query fusion: the question's list 1, each rewrite's `multi_weight`
+    (an LLM's) or `parts_weight` (the offline rewriter's parts of the question)."""
+    return [1.0] + [params.parts_weight if offline else params.multi_weight] * (n - 1)
 
 
 def prf_depth(top_k: int, params: RewriteParams) -> int:

@@ -143,6 +143,43 @@ def test_chunk_level_equals_in_process(app, client, model_dir, tiny_reranker_dir
         assert served_hits(response) == local_hits(pipeline.search(query, "hybrid", 7, "chunk"))
 
 
+def test_advanced_pipeline_over_serve_equals_in_process(app, client, model_dir, tiny_reranker_dir):
+    """alpha, PRF and offline multi-query through the DAG (Retriever, ShardGroups, Generator)
+    rank as the in-process pipeline with the same core functions; compressed keeps the hits."""
+    from llmframe_ray.generate.rewriting import offline_rewrite
+    from llmframe_ray.retrieve.rewrite import QueryRewrite, expand, feedback_terms, fuse_hit_lists, query_weights
+
+    pipeline, _ = in_process(app, model_dir, tiny_reranker_dir)
+    rewrite = load_settings(**app.overrides).params().service.rewrite
+    query = QUERIES[0]
+    for body, local in [
+        ({"retrieval_strategy": "sparse"}, pipeline.search(query, "bm25", 5)),
+        ({"alpha": 0.8}, pipeline.search(query, "hybrid", 5, alpha=0.8)),
+    ]:
+        assert served_hits(client.post("/v1/search", headers=AUTH, json={"query": query, "top_k": 5, **body})) == local_hits(local)
+    first = pipeline.search(query, "hybrid", 5)
+    expanded = expand(query, feedback_terms(query, first, rewrite.prf_docs, rewrite.prf_terms))
+    prf = client.post("/v1/search", headers=AUTH, json={"query": query, "top_k": 5, "query_rewrite": "prf"})
+    assert prf.json()["rewrites"] == [expanded]
+    expected = fuse_hit_lists([first, pipeline.search(expanded, "hybrid", 5)], [1.0, rewrite.prf_weight], rewrite.rrf_k, 5)
+    assert served_hits(prf) == local_hits(expected)
+    question = "ocean tides or sourdough starters?"
+    variants = offline_rewrite(QueryRewrite.MULTI_QUERY, question, [], rewrite).queries
+    multi = client.post("/v1/search", headers=AUTH, json={"query": question, "top_k": 5, "query_rewrite": "multi-query"})
+    assert multi.json()["rewrites"] == list(variants[1:]) and len(variants) > 1
+    weights = query_weights(len(variants), rewrite, offline=True)
+    fused = fuse_hit_lists([pipeline.search(v, "hybrid", 5) for v in variants], weights, rewrite.rrf_k, 5)
+    assert served_hits(multi) == local_hits(fused)
+    squeezed = client.post("/v1/search", headers=AUTH, json={"query": query, "top_k": 5, "retrieval_strategy": "compressed",
+                                                              "compression_budget_tokens": 5})
+    assert squeezed.status_code == 200, squeezed.text
+    assert [h["chunk_id"] for h in squeezed.json()["hits"]] == [h.chunk_id for h in first]
+    assert [h["text"] for h in squeezed.json()["hits"]] == [h.text for h in first]  # one sentence each: kept whole
+    assert "compress" in squeezed.json()["timings_ms"]
+    follow = client.post("/v1/query", headers=AUTH, json={"question": "and its moons?", "session_id": "adv-1", "query_rewrite": "conversational"})
+    assert follow.status_code == 200 and follow.json()["rewrites"] == []  # a new session: nothing to carry
+
+
 def test_errors_over_http(client):
     assert client.post("/v1/search", json={"query": "moon"}).status_code == 401
     assert client.post("/v1/search", headers={"Authorization": "Bearer nope"}, json={"query": "moon"}).status_code == 401

@@ -15,7 +15,7 @@ from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.ingest.chunker import sentences
 from llmframe_ray.retrieve.pipeline import Pipeline
-from llmframe_ray.retrieve.rewrite import decompose, expand, feedback_terms, fuse_hit_lists
+from llmframe_ray.retrieve.rewrite import decompose, expand, feedback_terms, fuse_hit_lists, query_weights
 from llmframe_ray.retrieve.strategy import GRAPH_MISSING
 from llmframe_ray.types import Document
 from tests.unit.test_http_api import DOCS, as_dicts
@@ -117,7 +117,9 @@ def test_offline_multi_query_retrieves_each_part_and_fuses(client, pipeline, set
     got = search(client, query=question, query_rewrite="multi-query", top_k=4)
     assert got["rewrites"] == parts
     lists = [pipeline.search(q, "hybrid", 4) for q in [question, *parts]]
-    assert got["hits"] == as_dicts(fuse_hit_lists(lists, [1.0] * len(lists), 60, 4))
+    weights = query_weights(len(lists), settings.params().service.rewrite, offline=True)
+    assert weights[1:] == [settings.params().service.rewrite.parts_weight] * len(parts)
+    assert got["hits"] == as_dicts(fuse_hit_lists(lists, weights, 60, 4))
     assert "timings_ms" in got and "rewrite" in got["timings_ms"]
 
 
@@ -170,3 +172,39 @@ def test_compressed_answers_cite_the_same_documents(client):
     retrieved = {h["doc_id"] for h in search(client, query=asked["question"], top_k=3)["hits"]}
     assert squeezed["citations"] and {c["doc_id"] for c in squeezed["citations"]} <= retrieved
     assert squeezed["usage"]["input_tokens"] < plain["usage"]["input_tokens"]
+
+
+def test_scripted_session_rewritten_by_claude(index_dir, settings, pipeline):
+    """A two-turn session against the fake Anthropic server: the second turn's rewrite request
+    carries the first turn (question and answer), its parsed query is what retrieval ran."""
+    from llmframe_ray.generate.chain import ProviderParams, provider_chain
+    from llmframe_ray.generate.rewriting import STANDALONE_SYSTEM
+    from tests.fakes.vendors import Answer, FakeAnthropic, ToolCall
+
+    with FakeAnthropic() as fake:
+        chain = provider_chain(ProviderParams(
+            providers="anthropic", anthropic_api_key="k", anthropic_base_url=fake.base_url, anthropic_model="claude-test",
+        ))
+        stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), provider=chain)
+        app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
+        fake.script.extend([
+            Answer(("The Moon's pull drives them [1].",)),
+            ToolCall("standalone_query", {"query": "what causes a solar eclipse"}, input_tokens=30, output_tokens=6),
+            Answer(("When the Moon passes between Earth and the Sun [1].",)),
+        ])
+        with TestClient(app) as c:
+            first = c.post("/v1/query", headers=AUTH, json={"question": "What drives ocean tides?", "session_id": "talk"})
+            second = c.post("/v1/query", headers=AUTH, json={
+                "question": "and eclipses?", "session_id": "talk", "query_rewrite": "conversational", "top_k": 3,
+            })
+        rewrite_request = fake.requests[1].body
+    assert first.status_code == 200 and second.status_code == 200, second.text
+    assert rewrite_request["system"] == STANDALONE_SYSTEM
+    assert rewrite_request["messages"] == [{"role": "user", "content": (
+        "Conversation so far:\nuser: What drives ocean tides?\nassistant: The Moon's pull drives them [1].\n\n"
+        "Question: and eclipses?"
+    )}]
+    body = second.json()
+    assert body["rewrites"] == ["what causes a solar eclipse"]
+    assert [c["doc_id"] for c in body["citations"]] == [pipeline.search("what causes a solar eclipse", "hybrid", 3)[0].doc_id]
+    assert "rewrite" in body["timings_ms"]

@@ -26,24 +26,17 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.tools.mcp_server import build_server
+from tests.unit.test_http_api import DOCS as HTTP_DOCS
 from llmframe_ray.tools.schema import (
     ANSWER, QUERY_REWRITES, RETRIEVAL_STRATEGIES, RETRIEVE_CONTEXT, TOOLS, anthropic_tools, openai_tools, request_body,
 )
-from llmframe_ray.types import Document
 
 KEY = "mcp-test-key-0123456789"
 REPO = Path(__file__).resolve().parents[2]
 CLI = ["-m", "llmframe_ray.cli", "mcp"]  # `llmframe-ray mcp`, as the package installs it
 WAIT_S = 30.0  # the bound on every wait: a start, a request, a stop
 
-DOCS = [
-    Document("tides", title="Tides", text="Ocean tides are driven mainly by the gravitational pull of the Moon. Spring tides follow new and full moons."),
-    Document("lunar", title="Lunar phases", text="The Moon's phases follow its orbit: new moon, crescent, full moon."),
-    Document("currents", title="Ocean currents", text="Ocean currents move heat from the equator towards the poles."),
-    Document("eclipse", title="Eclipses", text="A solar eclipse happens when the Moon passes between Earth and the Sun."),
-    Document("bikes", title="Cycling", text="Commuting by bicycle improves cardiovascular health and cuts traffic."),
-    Document("sourdough", title="Sourdough", text="A sourdough starter is a culture of wild yeast and lactic acid bacteria."),
-]
+DOCS = HTTP_DOCS[:6]
 QUESTION = "What drives the ocean tides?"
 
 

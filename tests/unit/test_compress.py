@@ -1,0 +1,103 @@
+"""Contextual compression's selection and cutting (retrieve/compress.py), and the strategy
+vocabulary (retrieve/strategy.py): exact choices on hand-made scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmframe_ray.retrieve.compress import (
+    CompressionParams,
+    Split,
+    apply,
+    combined,
+    cosines,
+    lexical_overlap,
+    scoring_text,
+    select,
+)
+from llmframe_ray.retrieve.strategy import GRAPH_MISSING, Strategy, StrategyError, alpha_weights, resolve
+from llmframe_ray.types import Hit, SearchMode
+
+
+def hit(doc: str, text: str, title: str = "") -> Hit:
+    return Hit(doc_id=doc, chunk_id=f"{doc}#0", text=text, title=title, score=1.0, rank=1, ranks={"bm25": 1})
+
+
+HITS = [
+    hit("a", "Alpha one. Beta two is here. Gamma three. Delta.", title="T"),
+    hit("b", "Zeta. Eta."),
+]
+
+
+def test_split_follows_the_chunkers_sentences_and_estimates_tokens():
+    split = Split.of_hits(HITS)
+    assert split.sentences == ["Alpha one.", "Beta two is here.", "Gamma three.", "Delta.", "Zeta.", "Eta."]
+    assert split.owner == [0, 0, 0, 0, 1, 1]
+    assert split.tokens == [3, 5, 3, 2, 2, 1]  # (characters + 3) // 4
+
+
+def test_every_passage_keeps_its_best_sentence_then_quota_then_the_best_overall():
+    split = Split.of_hits(HITS)
+    scores = [0.1, 0.9, 0.2, 0.5, 0.3, 0.1]
+    # best of each: Beta (5) + Zeta (2) = 7; quotas (half of 8 by length) fit nothing more; Delta (2) would
+    # pass 8, Eta (1) fits
+    assert select(split, scores, CompressionParams(budget_tokens=8)) == [False, True, False, False, True, True]
+    assert select(split, scores, CompressionParams(budget_tokens=1)) == [False, True, False, False, True, False]
+    # budget 16: passage a's quota (0.5 * 16 * 13 / 16 = 6.5) takes nothing past Beta; then, best first,
+    # Delta, Gamma, Alpha and Eta all fit overall (7 + 2 + 3 + 3 + 1 = 16)
+    assert select(split, scores, CompressionParams(budget_tokens=16)) == [True] * 6
+    by_threshold = select(split, scores, CompressionParams(budget_tokens=None, threshold=0.4))
+    assert by_threshold == [False, True, False, True, True, False]
+
+
+def test_apply_marks_cuts_and_keeps_ids():
+    split = Split.of_hits(HITS)
+    kept = apply(HITS, split, [False, True, False, True, True, False])
+    assert [h.text for h in kept] == ["... Beta two is here. ... Delta.", "Zeta. ..."]
+    assert [(h.doc_id, h.chunk_id, h.title, h.rank) for h in kept] == [(h.doc_id, h.chunk_id, h.title, h.rank) for h in HITS]
+    assert [h.text for h in apply(HITS, split, [True] * 6)] == [h.text for h in HITS]
+
+
+def test_scores_combine_model_and_lexical_overlap():
+    assert lexical_overlap("vitamin D fractures", ["Fracture rates fell with vitamin D.", "No effect."]) == [1.0, 0.0]
+    assert lexical_overlap("the of", ["anything"]) == [0.0]  # no content words: no overlap
+    q = np.array([1.0, 0.0], dtype=np.float32)
+    assert cosines(q, [np.array([0.6, 0.8], dtype=np.float32), None]) == pytest.approx([0.6, 0.0])
+    assert combined([0.5, 0.1], [1.0, 0.0], CompressionParams(lexical=0.3)) == pytest.approx([0.8, 0.1])
+    assert scoring_text("Title", "x" * 2000) == "Title\n" + "x" * 994
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"budget_tokens": None}, "compression needs a token budget or a score threshold"),
+    ({"budget_tokens": 0}, "budget_tokens must be at least 1, got 0"),
+    ({"quota": 1.5}, "quota must be within [0, 1], got 1.5"),
+    ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder"),
+])
+def test_bad_compression_params(kwargs, message):
+    with pytest.raises(ValueError) as raised:
+        CompressionParams(**kwargs)
+    assert str(raised.value) == message
+
+
+def test_strategies_resolve_to_modes():
+    assert resolve(None, None, SearchMode.HYBRID) == resolve("hybrid", None, SearchMode.DENSE)
+    assert resolve("sparse", "bm25", SearchMode.HYBRID).mode is SearchMode.BM25
+    plan = resolve("compressed", None, SearchMode.DENSE)
+    assert (plan.strategy, plan.mode, plan.compress) == (Strategy.COMPRESSED, SearchMode.HYBRID, True)
+    assert resolve(None, "dense", SearchMode.HYBRID).strategy is Strategy.DENSE
+    with pytest.raises(StrategyError) as raised:
+        resolve("graph", None, SearchMode.HYBRID)
+    assert (raised.value.field, str(raised.value)) == ("retrieval_strategy", GRAPH_MISSING)
+    with pytest.raises(StrategyError) as raised:
+        resolve("dense", "hybrid", SearchMode.HYBRID)
+    assert raised.value.field == "mode"
+
+
+def test_alpha_maps_to_rrf_weights():
+    assert alpha_weights(0.5) == {"dense": 1.0, "bm25": 1.0}
+    assert alpha_weights(0.75) == {"dense": 1.5, "bm25": 0.5}
+    assert alpha_weights(0) == {"dense": 0.0, "bm25": 2.0}
+    for bad in (-0.1, 1.01, True):
+        with pytest.raises(StrategyError, match="alpha|must be a number"):
+            alpha_weights(bad)
