@@ -14,6 +14,7 @@ line is `rationale_kept=<share> tokens_kept=<share>` at the default budget (Comp
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import pickle
 import statistics
@@ -76,7 +77,7 @@ def measure(cases, params) -> tuple[float, float]:
     kept_gold = all_gold = kept_tokens = all_tokens = 0
     for case in cases:
         split = case["split"]
-        keep = compress.select(split, compress.combined(case["model"], case["overlap"], params), params)
+        keep = compress.select(split, compress.combined(case["model"], case["overlap"], params, case["split"].owner), params)
         kept_gold += sum(k and g for k, g in zip(keep, case["gold"]))
         all_gold += sum(case["gold"])
         kept_tokens += sum(t for t, k in zip(split.tokens, keep) if k)
@@ -91,7 +92,10 @@ def main() -> None:
     parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     parser.add_argument("--lexical", default=None, help="comma-separated lexical weights to sweep (train)")
     parser.add_argument("--quota", default=None, help="comma-separated quotas to sweep (train)")
+    parser.add_argument("--passage", default=None, help="comma-separated passage weights to sweep (train)")
+    parser.add_argument("--neighbour", default=None, help="comma-separated neighbour weights to sweep (train)")
     parser.add_argument("--plot", default=None, help="write a PNG of rationale kept against tokens kept")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N claims of the split")
     parser.add_argument("--fresh", action="store_true", help="score the sentences again instead of reading the cache")
     args = parser.parse_args()
 
@@ -103,9 +107,9 @@ def main() -> None:
     pipeline = Pipeline.open(root, embedder, params.retrieval)
     folder = Path(args.dataset) / "rationales"
     abstracts = {str(json.loads(line)["doc_id"]): json.loads(line) for line in (folder / "corpus_sentences.jsonl").read_text().splitlines()}
-    claims = load_claims(folder, args.split)
+    claims = load_claims(folder, args.split)[: args.limit]
     started = time.perf_counter()
-    cache = settings.home / "bench" / f"compression-{args.split}-{root.name}.pkl"
+    cache = settings.home / "bench" / f"compression-{args.split}{args.limit or ''}-{root.name}.pkl"
     if cache.is_file() and not args.fresh:  # scores depend on the index and model only, not on the settings swept
         cases = pickle.loads(cache.read_bytes())
     else:
@@ -119,17 +123,18 @@ def main() -> None:
           f"{gold} gold rationale sentences retrieved, {sum(len(c['split'].sentences) for c in cases)} sentences; "
           f"retrieval + sentence scoring {seconds:.1f} s (cached: {cache.name})")
     budgets = [int(b) for b in args.budgets.split(",")]
-    lexicals = [float(x) for x in args.lexical.split(",")] if args.lexical else [base.lexical]
-    quotas = [float(x) for x in args.quota.split(",")] if args.quota else [base.quota]
-    print(f"{'lexical':>8} {'quota':>6} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
+    swept = {name: [float(x) for x in getattr(args, name).split(",")] if getattr(args, name) else [getattr(base, name)]
+             for name in ("lexical", "quota", "passage", "neighbour")}
+    print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
     curve = []
-    for lexical in lexicals:
-        for quota in quotas:
-            for budget in budgets:
-                kept, tokens = measure(cases, replace(base, budget_tokens=budget, lexical=lexical, quota=quota))
-                print(f"{lexical:>8.2f} {quota:>6.2f} {budget:>7} {kept:>15.4f} {tokens:>12.4f}")
-                if lexical == base.lexical and quota == base.quota:
-                    curve.append((budget, kept, tokens))
+    for values in itertools.product(*swept.values()):
+        setting = dict(zip(swept, values))
+        for budget in budgets:
+            kept, tokens = measure(cases, replace(base, budget_tokens=budget, **setting))
+            print(f"{setting['lexical']:>8.2f} {setting['quota']:>6.2f} {setting['passage']:>8.2f} {setting['neighbour']:>9.2f} "
+                  f"{budget:>7} {kept:>15.4f} {tokens:>12.4f}")
+            if all(getattr(base, k) == v for k, v in setting.items()):
+                curve.append((budget, kept, tokens))
     if args.plot and curve:
         plot(curve, args.plot, args.split)
     kept, tokens = measure(cases, base)
@@ -143,7 +148,7 @@ def _per_claim(cases, params) -> list[float]:
         split = case["split"]
         if not split.tokens:
             continue
-        keep = compress.select(split, compress.combined(case["model"], case["overlap"], params), params)
+        keep = compress.select(split, compress.combined(case["model"], case["overlap"], params, case["split"].owner), params)
         shares.append(sum(t for t, k in zip(split.tokens, keep) if k) / sum(split.tokens))
     return shares
 
@@ -162,7 +167,7 @@ def plot(curve, path: str, split: str) -> None:
     ax.axvline(0.40, linestyle=":", color="grey")
     ax.set_xlabel("share of tokens kept (top-5 documents)")
     ax.set_ylabel("share of gold rationale sentences kept")
-    ax.set_title(f"Contextual compression, SciFact claims_{split} (labels: budget in tokens)")
+    ax.set_title(f"SciFact claims_{split}: point labels are token budgets", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -23,7 +23,7 @@ class PipelineSettings(WriteSettings):
     rewrite_timeout_s: float = Field(10.0, gt=0, le=300, validation_alias=_env("REWRITE_TIMEOUT_S"))
     # retrieval_strategy "compressed": tokens of passage text kept (0: by threshold only), the
     # score a sentence needs to be kept regardless of the budget (unset: none), the scorer
-    compression_budget_tokens: int = Field(450, ge=0, le=1_000_000, validation_alias=_env("COMPRESSION_BUDGET_TOKENS"))
+    compression_budget_tokens: int = Field(750, ge=0, le=1_000_000, validation_alias=_env("COMPRESSION_BUDGET_TOKENS"))
     compression_threshold: float | None = Field(None, validation_alias=_env("COMPRESSION_THRESHOLD"))
     compression_scorer: Scorer = Field(Scorer.AUTO, validation_alias=_env("COMPRESSION_SCORER"))
 

@@ -12,11 +12,12 @@ from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
 
-from llmframe_ray.generate.base import Completion, Message, Provider, StreamEnd
+from llmframe_ray.generate.base import Completion, Message, Provider, StreamEnd, Usage
 from llmframe_ray.generate.chain import ProviderParams, provider_chain
 from llmframe_ray.generate.extractive_provider import ExtractiveProvider
 from llmframe_ray.generate.fallback import FallbackProvider
-from llmframe_ray.generate.rewriting import rewrite_query
+from llmframe_ray.generate.extracting import extract_sentences
+from llmframe_ray.generate.rewriting import has_llm, rewrite_query
 from llmframe_ray.generate.sessions import SessionParams, SessionStore, TokenLedger
 from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.domain import shards_similarity
@@ -80,6 +81,14 @@ class LocalStages:
     async def embed_texts(self, texts: list[str]) -> list[np.ndarray | None]:
         encoded = embed_each(self.pipeline.embedder, texts)
         return [None if isinstance(v, BaseException) else v for v in encoded]
+
+    async def extract_sentences(
+        self, question: str, passages: list[list[str]], budget_tokens: int, timeout_s: float
+    ) -> tuple[list[bool], Usage] | None:
+        if not has_llm(self.provider):
+            return None
+        keep, usage, _, _ = await extract_sentences(self.provider, question, passages, budget_tokens, timeout_s)
+        return keep, usage
 
     async def rewrite(
         self, kind: QueryRewrite, question: str, history: Sequence[Message], params: RewriteParams

@@ -143,14 +143,16 @@ class Ranking:
                 hits = steps.apply(main, hits, scores, weight=await self._rerank_weight(retrieved.version))
             timings["rerank"] = ms(start)
         hits = hits[: ask.top_k]
+        usage = rewrite.usage
         if (plan.compress or ask.budget_tokens or ask.threshold is not None) and hits:
             start = time.perf_counter()
-            hits = await self._compress(main, hits, ask, warnings)
+            hits, spent = await self._compress(main, hits, ask, warnings)
+            usage = spent if usage is None else usage if spent is None else usage + spent
             timings["compress"] = ms(start)
         rewrites = tuple(q for q in queries if q != ask.text)
         return Ranked(
             retrieved.version, plan.mode, rerank, hits, with_total(timings), tuple(warnings), plan.strategy,
-            rewrites, rewrite.usage,
+            rewrites, usage,
         )
 
     async def _rewrite(self, kind: QueryRewrite, ask: Ask) -> Rewrite:
@@ -202,15 +204,29 @@ class Ranking:
         )
         return Retrieved(first.version, fused), (ask.text, expanded)
 
-    async def _compress(self, query: str, hits: list[Hit], ask: Ask, warnings: list[str]) -> list[Hit]:
+    async def _compress(self, query: str, hits: list[Hit], ask: Ask, warnings: list[str]) -> tuple[list[Hit], Usage | None]:
+        """The hits cut to the sentences that matter, and the LLM's tokens when it chose them."""
         params = self.params.compression
         if ask.threshold is not None:  # the request's threshold, with its budget if it gives one
             params = replace(params, threshold=ask.threshold, budget_tokens=ask.budget_tokens)
         elif ask.budget_tokens is not None:
             params = replace(params, budget_tokens=ask.budget_tokens)
         split = compress.Split.of_hits(hits)
+        if params.scorer is compress.Scorer.LLM:
+            try:
+                chosen = await self.stages.extract_sentences(
+                    query, split.by_passage(), params.budget_tokens or sum(split.tokens), self.params.rewrite.timeout_s
+                )
+            except Exception as exc:  # noqa: BLE001 - compressed offline instead
+                warnings.append(f"LLM compression failed, the sentences were scored offline: {exc}")
+                chosen = None
+            if chosen is not None:
+                keep, usage = chosen
+                return compress.apply(hits, split, compress.with_one_each(split, keep)), usage
         texts = [compress.scoring_text(hits[p].title, s) for p, s in zip(split.owner, split.sentences)]
-        use_ce = params.scorer is compress.Scorer.CROSS_ENCODER or (params.scorer is compress.Scorer.AUTO and self.stages.has_reranker)
+        use_ce = params.scorer is compress.Scorer.CROSS_ENCODER or (
+            params.scorer in (compress.Scorer.AUTO, compress.Scorer.LLM) and self.stages.has_reranker
+        )
         try:
             if use_ce:
                 model = list(await self.stages.rerank_scores(query, texts))
@@ -221,9 +237,9 @@ class Ranking:
                 model = compress.cosines(vectors[0], vectors[1:])
         except StageUnavailableError as exc:
             warnings.append(f"contextual compression was skipped: {exc}")
-            return hits
-        scores = compress.combined(model, compress.lexical_overlap(query, split.sentences), params)
-        return compress.apply(hits, split, compress.select(split, scores, params))
+            return hits, None
+        scores = compress.combined(model, compress.lexical_overlap(query, split.sentences), params, split.owner)
+        return compress.apply(hits, split, compress.select(split, scores, params)), None
 
     async def _rerank_weight(self, version: str) -> float:
         """The cross-encoder's fusion weight for this index version: set, or by its domain

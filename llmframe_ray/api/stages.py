@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Protocol, Sequence
 
 import numpy as np
 
-from llmframe_ray.generate.base import Completion, Message, StreamEnd
+from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
 from llmframe_ray.index.metadata import Filter
 from llmframe_ray.retrieve.plan import ResultLevel
 from llmframe_ray.retrieve.rewrite import QueryRewrite, Rewrite, RewriteParams
@@ -34,6 +34,10 @@ class Stages(Protocol):
     async def rewrite(
         self, kind: QueryRewrite, question: str, history: Sequence[Message], params: RewriteParams
     ) -> Rewrite: ...  # generate/rewriting.py
+
+    async def extract_sentences(
+        self, question: str, passages: list[list[str]], budget_tokens: int, timeout_s: float
+    ) -> tuple[list[bool], Usage] | None: ...  # generate/extracting.py; None: no LLM in the chain
 
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]: ...
 

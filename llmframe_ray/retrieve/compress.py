@@ -6,11 +6,11 @@ each retrieved passage that matter for the question, so the answer prompt gets f
 
 A sentence's score is its embedding's cosine with the query's (`embedder`: the query encoder that
 retrieval uses) or the cross-encoder's score of (query, sentence) (`cross-encoder`, where a
-reranker is deployed), plus `lexical` times the share of the query's content stems that it holds.
-Every passage keeps its best sentence, so every citation still points at the document and chunk
-it came from with text that matters; the rest of the budget goes to the best sentences overall,
-each passage first filling a quota in proportion to its length (so one long passage cannot take
-the budget from the others).
+reranker is deployed), plus `lexical` times the share of the query's content stems that it holds,
+plus `passage` times its passage's best score (so a passage that answers the question keeps more
+of itself than one that does not). Every passage keeps its best sentence, so every citation
+still points at the document and chunk it came from with text that matters; the rest of the
+budget goes to the best sentences overall (optionally after per-passage quotas by length).
 
 Ray-free: the API service gets the scores from its stages and calls `select` and `apply`; the
 benchmark (benchmarks/compression.py) calls the same functions.
@@ -36,6 +36,7 @@ class Scorer(Choice):
     AUTO = "auto"  # the cross-encoder where one is deployed, else the embedder
     EMBEDDER = "embedder"
     CROSS_ENCODER = "cross-encoder"
+    LLM = "llm"  # the provider chain picks the sentences (generate/extracting.py); offline scoring without a key
 
     @classmethod
     def label(cls) -> str:
@@ -47,13 +48,16 @@ class CompressionParams:
     """`budget_tokens`: tokens of passage text kept over all passages (estimated as characters
     / 4, as the prompt budget is), or None to keep by `threshold` alone (sentences scoring at
     least it). `quota`: the share of the budget handed out per passage (by length) before the
-    rest goes to the best sentences overall. Defaults chosen on SciFact claims_train
-    (benchmarks/compression.py --split train)."""
+    rest goes to the best sentences overall; `lexical`, `passage`, `neighbour`: see `combined`.
+    Defaults chosen on the first 300 SciFact claims_train claims (benchmarks/compression.py
+    --split train --limit 300): the most rationale kept with at most 40% of the tokens."""
 
-    budget_tokens: int | None = 450
+    budget_tokens: int | None = 750
     threshold: float | None = None
-    quota: float = 0.5
+    quota: float = 0.0
     lexical: float = 0.3
+    passage: float = 1.0
+    neighbour: float = 0.0
     scorer: Scorer = Scorer.AUTO
 
     def __post_init__(self) -> None:
@@ -83,6 +87,23 @@ class Split:
     def of_hits(cls, hits: Sequence[Hit]) -> Split:
         return cls.of([split_sentences(h.text) or [h.text] for h in hits])
 
+    def by_passage(self) -> list[list[str]]:
+        out: list[list[str]] = [[] for _ in range(max(self.owner, default=-1) + 1)]
+        for p, sentence in zip(self.owner, self.sentences):
+            out[p].append(sentence)
+        return out
+
+
+def with_one_each(split: Split, keep: Sequence[bool]) -> list[bool]:
+    """`keep`, with the first sentence of every passage of which it keeps none (an LLM's choice:
+    every citation must still point at text of its passage)."""
+    out, covered = list(keep), {p for p, k in zip(split.owner, keep) if k}
+    for i, p in enumerate(split.owner):
+        if p not in covered:
+            out[i] = True
+            covered.add(p)
+    return out
+
 
 def scoring_text(title: str, sentence: str) -> str:
     """What the scorer reads of a sentence: its passage's title (as every ranker reads a chunk)
@@ -104,8 +125,23 @@ def lexical_overlap(query: str, sentences: Sequence[str]) -> list[float]:
     return [len(wanted & set(stems(s))) / len(wanted) for s in sentences]
 
 
-def combined(model_scores: Sequence[float], overlap: Sequence[float], params: CompressionParams) -> list[float]:
-    return [m + params.lexical * o for m, o in zip(model_scores, overlap)]
+def combined(
+    model_scores: Sequence[float], overlap: Sequence[float], params: CompressionParams, owner: Sequence[int] | None = None
+) -> list[float]:
+    """Each sentence's score: model + `lexical` x overlap, then (given the sentences' passages)
+    + `passage` x its passage's best such score (a passage that answers the question keeps more
+    of itself) + `neighbour` x the better of its neighbours' (evidence runs over adjacent sentences)."""
+    base = [m + params.lexical * o for m, o in zip(model_scores, overlap)]
+    if owner is None or not (params.passage or params.neighbour):
+        return base
+    best: dict[int, float] = {}
+    for p, score in zip(owner, base):
+        best[p] = max(best.get(p, score), score)
+    out = []
+    for i, (p, score) in enumerate(zip(owner, base)):
+        around = [base[j] for j in (i - 1, i + 1) if 0 <= j < len(base) and owner[j] == p]
+        out.append(score + params.passage * best[p] + params.neighbour * (max(around) if around else 0.0))
+    return out
 
 
 def select(split: Split, scores: Sequence[float], params: CompressionParams) -> list[bool]:

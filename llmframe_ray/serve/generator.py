@@ -11,7 +11,8 @@ from ray.serve.metrics import Counter
 from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
 from llmframe_ray.generate.chain import ProviderParams, provider_chain
 from llmframe_ray.generate.costs import PriceTable
-from llmframe_ray.generate.rewriting import rewrite_query
+from llmframe_ray.generate.extracting import extract_sentences
+from llmframe_ray.generate.rewriting import has_llm, rewrite_query
 from llmframe_ray.retrieve.rewrite import QueryRewrite, Rewrite, RewriteParams
 
 
@@ -66,6 +67,14 @@ class Generator:
         if rewrite.usage is not None:
             self.meter.record(rewrite.source.removeprefix("llm:"), rewrite.model, rewrite.usage)
         return rewrite
+
+    async def extract(self, question: str, passages: list[list[str]], budget_tokens: int, timeout_s: float) -> tuple[list[bool], Usage] | None:
+        """Contextual compression by the chain's LLM (generate/extracting.py); None without one."""
+        if not has_llm(self.provider):
+            return None
+        keep, usage, provider, model = await extract_sentences(self.provider, question, passages, budget_tokens, timeout_s)
+        self.meter.record(provider, model, usage)
+        return keep, usage
 
     def usage(self) -> dict[str, Any]:
         return self.meter.totals

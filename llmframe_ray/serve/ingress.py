@@ -25,7 +25,7 @@ from llmframe_ray.serve.retriever import RetrieverArgs, RetrieverCore
 from llmframe_ray.api.failures import StageTimeoutError, StageUnavailableError
 from llmframe_ray.api.service import RagService
 from llmframe_ray.api.stages import Retrieved
-from llmframe_ray.generate.base import Completion, Message, StreamEnd
+from llmframe_ray.generate.base import Completion, Message, StreamEnd, Usage
 from llmframe_ray.retrieve.rewrite import QueryRewrite, Rewrite, RewriteParams
 from llmframe_ray.types import SearchMode
 
@@ -91,6 +91,12 @@ class ServeStages:
         if isinstance(self.retriever, RetrieverCore):
             return await self._call("retriever", lambda: self.retriever.embed_texts(texts))
         return await self._call("retriever", lambda: self.retriever.embed_texts.remote(texts))
+
+    async def extract_sentences(
+        self, question: str, passages: list[list[str]], budget_tokens: int, timeout_s: float
+    ) -> tuple[list[bool], Usage] | None:
+        send = lambda: self.generator.extract.remote(question, passages, budget_tokens, timeout_s)  # noqa: E731
+        return await self._call("generator", send)
 
     async def rewrite(self, kind: QueryRewrite, question: str, history: Sequence[Message], params: RewriteParams) -> Rewrite:
         send = lambda: self.generator.rewrite.remote(kind, question, list(history), params)  # noqa: E731

@@ -208,3 +208,40 @@ def test_scripted_session_rewritten_by_claude(index_dir, settings, pipeline):
     assert body["rewrites"] == ["what causes a solar eclipse"]
     assert [c["doc_id"] for c in body["citations"]] == [pipeline.search("what causes a solar eclipse", "hybrid", 3)[0].doc_id]
     assert "rewrite" in body["timings_ms"]
+
+
+def test_llm_compression_keeps_what_claude_names(index_dir, embedder, tmp_path):
+    """LLMFRAME_COMPRESSION_SCORER=llm: the chain is shown the numbered sentences and its choice
+    is applied; a passage it keeps nothing of keeps its first sentence; a failure compresses offline."""
+    from llmframe_ray.generate.chain import ProviderParams, provider_chain
+    from llmframe_ray.generate.extracting import EXTRACT_SCHEMA, EXTRACT_SYSTEM, extract_prompt
+    from tests.fakes.vendors import Fail, FakeAnthropic, ToolCall
+
+    settings = load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, api_secret_key=KEY, compression_scorer="llm")
+    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
+    query = "When did astronauts walk on the Moon?"
+    hits = pipeline.search(query, "hybrid", 2)
+    assert hits[0].doc_id == "moon-facts"
+    passages = [sentences(h.text) for h in hits]
+    with FakeAnthropic() as fake:
+        chain = provider_chain(ProviderParams(
+            providers="anthropic", anthropic_api_key="k", anthropic_base_url=fake.base_url, anthropic_model="claude-test", max_attempts=1,
+        ))
+        stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), provider=chain)
+        app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
+        fake.script.extend([ToolCall("keep_sentences", {"keep": ["1.5", "1.3"]}), Fail(500, "overloaded")])
+        with TestClient(app) as c:
+            body = {"query": query, "top_k": 2, "retrieval_strategy": "compressed", "compression_budget_tokens": 40}
+            chosen = c.post("/v1/search", headers=AUTH, json=body).json()
+            fallback = c.post("/v1/search", headers=AUTH, json=body).json()
+        asked = fake.requests[0].body
+    assert asked["system"] == EXTRACT_SYSTEM.format(budget=40)
+    assert asked["messages"] == [{"role": "user", "content": extract_prompt(query, passages)}]
+    assert asked["tools"][0]["input_schema"] == EXTRACT_SCHEMA
+    assert [h["text"] for h in chosen["hits"]] == [
+        f"... {passages[0][2]} ... {passages[0][4]}",
+        passages[1][0] + (" ..." if len(passages[1]) > 1 else ""),
+    ]
+    assert chosen["warnings"] == []
+    assert fallback["warnings"][0].startswith("LLM compression failed, the sentences were scored offline: ")
+    assert [h["chunk_id"] for h in fallback["hits"]] == [h.chunk_id for h in hits]

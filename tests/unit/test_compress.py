@@ -72,7 +72,7 @@ def test_scores_combine_model_and_lexical_overlap():
     ({"budget_tokens": None}, "compression needs a token budget or a score threshold"),
     ({"budget_tokens": 0}, "budget_tokens must be at least 1, got 0"),
     ({"quota": 1.5}, "quota must be within [0, 1], got 1.5"),
-    ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder"),
+    ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder, llm"),
 ])
 def test_bad_compression_params(kwargs, message):
     with pytest.raises(ValueError) as raised:
