@@ -75,8 +75,8 @@ async def rewrite_query(
     """The queries to retrieve for `question` (see Rewrite). PRF and none need no model: the
     question itself comes back (the caller runs the feedback pass)."""
     kind = QueryRewrite.from_str(kind)
-    if kind in (QueryRewrite.NONE, QueryRewrite.PRF):
-        return Rewrite((question,), "none" if kind is QueryRewrite.NONE else "offline")
+    if kind in (QueryRewrite.NONE, QueryRewrite.PRF) or (kind is QueryRewrite.CONVERSATIONAL and not history):
+        return Rewrite((question,), "offline" if kind is QueryRewrite.PRF else "none")  # nothing to ask a model
     if not has_llm(provider):
         return offline_rewrite(kind, question, history, params)
     multi = kind is QueryRewrite.MULTI_QUERY

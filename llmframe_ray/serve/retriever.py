@@ -247,10 +247,8 @@ class RetrieverCore:
     async def embed_texts(self, texts: list[str]) -> list[np.ndarray | None]:
         """Unit vectors of short texts (the sentences that contextual compression scores, cut
         to the model's length by the caller): one model call; None for a text it cannot take."""
-        if self.embedder is not None:
-            encoded = await asyncio.to_thread(embed_each, self.embedder, texts)
-        else:
-            encoded = await self._encode(texts)
+        local = self.embedder is not None
+        encoded = await (asyncio.to_thread(embed_each, self.embedder, texts) if local else self._encode(texts))
         return [None if isinstance(v, BaseException) else v for v in encoded]
 
     async def _warm_up(self) -> None:

@@ -64,3 +64,15 @@ def test_concurrent_requests_with_a_bad_query_among_them(served):
     assert expected["tide " * 400].status_code == 422
     stats = client.get("/v1/stats", headers=AUTH).json()
     assert stats["Retriever"]["largest_batch_calls"] >= 1
+
+
+def test_compressed_scores_sentences_with_the_replicas_encoder(served):
+    """No Reranker here: compression embeds the sentences with the Ingress replica's own query
+    encoder (RetrieverCore.embed_texts) and keeps each one-sentence passage whole."""
+    client, _, _ = served
+    plain = client.post("/v1/search", headers=AUTH, json={"query": QUERIES[0], "top_k": 4}).json()
+    squeezed = client.post("/v1/search", headers=AUTH, json={"query": QUERIES[0], "top_k": 4, "retrieval_strategy": "compressed"})
+    assert squeezed.status_code == 200, squeezed.text
+    body = squeezed.json()
+    assert body["warnings"] == [] and "compress" in body["timings_ms"]
+    assert [(h["chunk_id"], h["text"]) for h in body["hits"]] == [(h["chunk_id"], h["text"]) for h in plain["hits"]]

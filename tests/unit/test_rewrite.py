@@ -179,3 +179,10 @@ def test_without_a_key_the_offline_rewriters_answer():
     multi = run(rewrite_query(chain, QueryRewrite.MULTI_QUERY, "Arthur's Magazine or First for Women?", [], RewriteParams()))
     assert multi.queries == ("Arthur's Magazine or First for Women?", "Arthur's Magazine", "First for Women")
     assert run(rewrite_query(chain, "prf", "q", [], RewriteParams())).queries == ("q",)
+
+
+def test_a_conversational_rewrite_without_history_asks_no_model():
+    with FakeAnthropic() as fake:
+        rewrite = run(rewrite_query(anthropic_chain(fake), QueryRewrite.CONVERSATIONAL, "and in mice?", [], RewriteParams()))
+        assert fake.requests == []
+    assert (rewrite.queries, rewrite.source) == (("and in mice?",), "none")
