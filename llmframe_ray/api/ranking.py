@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -31,6 +32,7 @@ from llmframe_ray.types import Hit, SearchMode
 
 logger = logging.getLogger(__name__)
 
+SENTENCE_CACHE = 20_000  # sentence vectors kept for compression (384 floats each: about 30 MB)
 RERANK_SKIPPED = "the reranker is unavailable: hits are in first-stage order (reranked: false)"
 
 
@@ -89,6 +91,7 @@ class Ranking:
         self.stages = stages
         self.params = params
         self._rerank_weights: dict[str, float] = {}  # by index version
+        self._sentence_vectors: OrderedDict[str, Any] = OrderedDict()  # sentence text -> unit vector
 
     async def ranked(self, ask: Ask) -> Ranked:
         limits, steps = self.params.limits, self.params.rerank
@@ -231,15 +234,26 @@ class Ranking:
             if use_ce:
                 model = list(await self.stages.rerank_scores(query, texts))
             else:
-                vectors = await self.stages.embed_texts([query[: compress.MAX_SENTENCE_CHARS], *texts])
-                if vectors[0] is None:
-                    raise StageUnavailableError("the query encoder could not embed the question")
-                model = compress.cosines(vectors[0], vectors[1:])
+                model = await self._cosines(query, texts)
         except StageUnavailableError as exc:
             warnings.append(f"contextual compression was skipped: {exc}")
             return hits, None
         scores = compress.combined(model, compress.lexical_overlap(query, split.sentences), params, split.owner)
         return compress.apply(hits, split, compress.select(split, scores, params)), None
+
+    async def _cosines(self, query: str, texts: list[str]) -> list[float]:
+        """Each sentence's cosine with the question. Sentence vectors are kept (the last
+        SENTENCE_CACHE): the same passages come back for many questions, and embedding their
+        sentences is most of compression's cost."""
+        missing = list(dict.fromkeys(t for t in texts if t not in self._sentence_vectors))
+        vectors = await self.stages.embed_texts([query[: compress.MAX_SENTENCE_CHARS], *missing])
+        if vectors[0] is None:
+            raise StageUnavailableError("the query encoder could not embed the question")
+        for text, vector in zip(missing, vectors[1:]):
+            self._sentence_vectors[text] = vector
+        while len(self._sentence_vectors) > SENTENCE_CACHE:
+            self._sentence_vectors.popitem(last=False)
+        return compress.cosines(vectors[0], [self._sentence_vectors.get(t) for t in texts])
 
     async def _rerank_weight(self, version: str) -> float:
         """The cross-encoder's fusion weight for this index version: set, or by its domain
