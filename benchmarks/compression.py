@@ -44,7 +44,7 @@ def load_claims(folder: Path, split: str) -> list[dict]:
     return [json.loads(line) for line in (folder / name).read_text().splitlines() if line.strip()]
 
 
-def gather(pipeline, embedder, claims, abstracts) -> list[dict]:
+def gather(pipeline, embedder, claims, abstracts, titled_sentences: bool = True) -> list[dict]:
     """Per claim: the top documents' sentences, each sentence's model score and lexical
     overlap, and which sentences are gold rationales. A document's sentence vectors do not
     depend on the claim: each retrieved document is embedded once."""
@@ -52,7 +52,8 @@ def gather(pipeline, embedder, claims, abstracts) -> list[dict]:
     found = pipeline.search_batch(texts, "hybrid", TOP, truncate=True)
     docs_of = [[h.doc_id for h in hits if h.doc_id in abstracts] for hits in found]
     needed = sorted({d for docs in docs_of for d in docs})
-    titled = [compress.scoring_text(abstracts[d]["title"], s) for d in needed for s in abstracts[d]["abstract"]]
+    title = (lambda d: abstracts[d]["title"]) if titled_sentences else (lambda d: "")
+    titled = [compress.scoring_text(title(d), s) for d in needed for s in abstracts[d]["abstract"]]
     print(f"embedding {len(titled)} sentences of {len(needed)} retrieved documents and {len(texts)} claims", file=sys.stderr)
     flat = list(embedder.embed(titled)) if titled else []
     vectors, at = {}, 0
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--neighbour", default=None, help="comma-separated neighbour weights to sweep (train)")
     parser.add_argument("--plot", default=None, help="write a PNG of rationale kept against tokens kept")
     parser.add_argument("--limit", type=int, default=None, help="only the first N claims of the split")
+    parser.add_argument("--no-title", action="store_true", help="embed sentences without their passage title (a variant)")
     parser.add_argument("--fresh", action="store_true", help="score the sentences again instead of reading the cache")
     args = parser.parse_args()
 
@@ -109,11 +111,12 @@ def main() -> None:
     abstracts = {str(json.loads(line)["doc_id"]): json.loads(line) for line in (folder / "corpus_sentences.jsonl").read_text().splitlines()}
     claims = load_claims(folder, args.split)[: args.limit]
     started = time.perf_counter()
-    cache = settings.home / "bench" / f"compression-{args.split}{args.limit or ''}-{root.name}.pkl"
+    variant = "-notitle" if args.no_title else ""
+    cache = settings.home / "bench" / f"compression-{args.split}{args.limit or ''}{variant}-{root.name}.pkl"
     if cache.is_file() and not args.fresh:  # scores depend on the index and model only, not on the settings swept
         cases = pickle.loads(cache.read_bytes())
     else:
-        cases = gather(pipeline, embedder, claims, abstracts)
+        cases = gather(pipeline, embedder, claims, abstracts, titled_sentences=not args.no_title)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_bytes(pickle.dumps(cases))
     seconds = time.perf_counter() - started
