@@ -1,5 +1,11 @@
 """Autoscaling on a real two-node Ray cluster (ray.cluster_utils.Cluster): under load the
-Serve autoscaler adds Reranker replicas, and removes them once the load stops."""
+Serve autoscaler adds Reranker replicas, and removes them once the load stops.
+
+The load must keep requests at the Reranker, whatever the machine's speed: the tiny test
+model scores ten pairs in about a millisecond, and the score cache would answer a repeated
+query without the model. So every request asks a new question, the cache is off, and the
+Reranker's batch window (user_config batch_wait_timeout_s, a setting users have) holds each
+request for 0.1 s: six clients then keep several requests at the Reranker at any time."""
 
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ DOCS = [
     for i, topic in enumerate(["tides", "bread", "lava", "glaciers", "coffee", "bees", "chess", "rust", "sleep", "tea"])
 ]
 AUTOSCALING = {
-    "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1,
+    "min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 0.5,
     "metrics_interval_s": 0.5, "look_back_period_s": 2, "upscale_delay_s": 1, "downscale_delay_s": 4,
 }
 
@@ -55,19 +61,27 @@ def test_reranker_scales_up_under_load_and_back_down(tmp_path, model_dir, tiny_r
         args = AppArgs(
             index_dir=str(index),
             reranker=True,
-            settings={"api_secret_key": KEY, "reranker_model": str(tiny_reranker_dir), "reranker_depth": 10},
-            deployment_options={"Reranker": {"autoscaling_config": AUTOSCALING, "ray_actor_options": {"num_cpus": 1}}},
+            settings={
+                "api_secret_key": KEY, "reranker_model": str(tiny_reranker_dir), "reranker_depth": 10,
+                "reranker_cache_size": 0,
+            },
+            deployment_options={"Reranker": {
+                "autoscaling_config": AUTOSCALING, "ray_actor_options": {"num_cpus": 1},
+                "user_config": {"batch_wait_timeout_s": 0.1},
+            }},
         )
         serve.run(build_app(args), name="llmframe", route_prefix="/")
         seen = [running_replicas("Reranker")]
         assert seen == [1]
 
         results: list[int] = []
+        asked = iter(range(10**9))
 
         def load() -> None:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
                 while not stop.is_set():
-                    r = client.post("/v1/search", headers={"X-API-Key": KEY}, json={"query": "how does lava flow", "rerank": True, "top_k": 3})
+                    query = f"how does lava flow, question {next(asked)}"
+                    r = client.post("/v1/search", headers={"X-API-Key": KEY}, json={"query": query, "rerank": True, "top_k": 3})
                     results.append(r.status_code)
 
         threads = [threading.Thread(target=load, daemon=True) for _ in range(6)]
