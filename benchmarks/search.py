@@ -31,7 +31,7 @@ from llmframe_ray.ingest.build import stderr_progress  # noqa: E402
 from llmframe_ray.models.embedder import load_embedder  # noqa: E402
 from llmframe_ray.models.export import bundled_minilm_path  # noqa: E402
 from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
-from llmframe_ray.types import SearchMode  # noqa: E402
+from llmframe_ray.types import INDEX_MODES, SearchMode  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -102,7 +102,7 @@ def main() -> None:
     root = cached_index(dataset, params.index, embedder, params.indexes_dir, stderr_progress())
     pipeline = Pipeline.open(root, embedder, params.retrieval)
     queries = list(dataset.queries.values())
-    for mode in SearchMode:  # warm up every path once
+    for mode in INDEX_MODES:  # warm up every path once
         pipeline.search_batch(queries[:8], mode, args.top_k)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -113,7 +113,7 @@ def main() -> None:
     print()
     print(f"{'mode':<8} {'1-at-a-time q/s':>16} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'batch-' + str(args.batch_size) + ' q/s':>14} {'batch p50 ms':>13} {'batch p99 ms':>13}")
-    for mode in SearchMode:
+    for mode in INDEX_MODES:
         single = median_of(lambda: one_at_a_time(pipeline, queries, mode, args.top_k), args.repeats)
         many = median_of(lambda: batched(pipeline, queries, mode, args.top_k, args.batch_size), args.repeats)
         print(f"{mode.value:<8} {single[0]:>16.1f} {single[1]:>8.2f} {single[2]:>8.2f} "

@@ -192,7 +192,7 @@ def search(
 @app.command("eval")
 def eval_command(
     dataset: Path = typer.Option(..., "--dataset", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv."),
-    mode: List[str] = typer.Option(["bm25", "dense", "hybrid"], "--mode", help="bm25, dense, hybrid, rerank (head fused with hybrid, see LLMFRAME_RERANKER_FUSION), rerank-ce (cross-encoder order alone), multi-query (offline rewrites fused) or prf (pseudo-relevance feedback); repeat for several."),
+    mode: List[str] = typer.Option(["bm25", "dense", "hybrid"], "--mode", help="bm25, dense, hybrid, rerank (head fused with hybrid, see LLMFRAME_RERANKER_FUSION), rerank-ce (cross-encoder order alone), multi-query (offline rewrites fused), prf (pseudo-relevance feedback), graph (the knowledge graph's ranker, built with the index on first use) or hybrid-graph (bm25, dense and graph fused); repeat for several."),
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Write <mode>.trec run files here."),
     split: str = typer.Option("test", "--split"),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Model folder or hub repo id (default: LLMFRAME_RERANKER_MODEL)."),
@@ -222,6 +222,11 @@ def eval_command(
         root = index
     else:
         root = cached_index(data, params.index, embedder, params.indexes_dir, stderr_progress())
+    if any(m.search[0].uses_graph for m in modes):
+        from llmframe_ray.graph.build import ensure_graph
+
+        folder, graph, built = ensure_graph(root)
+        typer.echo(f"knowledge graph {'built' if built else 'loaded'}: {folder} {graph.sizes()}", err=True)
     pipeline = Pipeline.open(root, embedder, params.retrieval, encoder, params.rerank)
     indexed = sum(int(s.manifest.counts["documents"]) for s in pipeline.shards)
     if index is not None and indexed != len(data.corpus):

@@ -37,7 +37,7 @@ from llmframe_ray.models.embedder import EmbedderParams, EmbeddingProvider, Open
 from llmframe_ray.models.runtime import available_threads
 from llmframe_ray.models.sources import RerankerModelParams
 from llmframe_ray.retrieve.params import RetrievalParams
-from llmframe_ray.retrieve.plan import BM25, DENSE, FusionParams
+from llmframe_ray.retrieve.plan import BM25, DENSE, GRAPH, FusionParams
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.types import SearchMode
 
@@ -103,6 +103,7 @@ class Settings(PipelineSettings):
     bm25_weight: float = Field(1.0, ge=0, validation_alias=_env("BM25_WEIGHT"))
     dense_weight: float = Field(1.0, ge=0, validation_alias=_env("DENSE_WEIGHT"))
     fusion_depth: int = Field(200, ge=1, le=10000, validation_alias=_env("FUSION_DEPTH"))
+    graph_weight: float = Field(1.0, ge=0, validation_alias=_env("GRAPH_WEIGHT"))  # hybrid-graph's third list
 
     # Reranking: a cross-encoder rescores the top `reranker_depth` hits
     reranker_enabled: bool = Field(False, validation_alias=_env("RERANKER_ENABLED", "RERANKER_ENABLED"))
@@ -270,7 +271,7 @@ class Settings(PipelineSettings):
             retrieval=RetrievalParams(
                 default_mode=default_mode,
                 fusion=FusionParams(
-                    rrf_k=self.rrf_k, weights={BM25: self.bm25_weight, DENSE: self.dense_weight},
+                    rrf_k=self.rrf_k, weights={BM25: self.bm25_weight, DENSE: self.dense_weight, GRAPH: self.graph_weight},
                     fusion_depth=self.fusion_depth,
                 ),
                 hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe,

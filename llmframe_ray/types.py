@@ -60,11 +60,44 @@ def passage_text(title: str, text: str) -> str:
 
 
 class SearchMode(Choice):
-    """Which rankers answer a query."""
+    """Which rankers answer a query: BM25, dense retrieval, the knowledge graph (graph/rank.py),
+    or several of them fused by RRF."""
 
     BM25 = "bm25"
     DENSE = "dense"
     HYBRID = "hybrid"
+    GRAPH = "graph"
+    HYBRID_GRAPH = "hybrid-graph"
+
+    @property
+    def rankers(self) -> tuple[str, ...]:
+        """The names of the ranked lists this mode fuses (one: no fusion), in fusion order."""
+        return _MODE_RANKERS[self.value]
+
+    @property
+    def uses_bm25(self) -> bool:
+        return "bm25" in self.rankers
+
+    @property
+    def uses_dense(self) -> bool:
+        return "dense" in self.rankers
+
+    @property
+    def uses_graph(self) -> bool:
+        return "graph" in self.rankers
+
+    @property
+    def fused(self) -> bool:
+        return len(self.rankers) > 1
+
+
+# The modes that every index answers (the graph modes need a knowledge graph in the version).
+INDEX_MODES = (SearchMode.BM25, SearchMode.DENSE, SearchMode.HYBRID)
+
+_MODE_RANKERS = {
+    "bm25": ("bm25",), "dense": ("dense",), "hybrid": ("bm25", "dense"),
+    "graph": ("graph",), "hybrid-graph": ("bm25", "dense", "graph"),
+}
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,8 @@ class Ranking:
     async def _retrieve(self, field: str, text: str, mode: SearchMode, ask: Ask, top_k: int) -> Retrieved:
         try:
             return await self.stages.retrieve(text, mode, ask.level, top_k, ask.where, ask.alpha)
+        except StrategyError as exc:  # a graph strategy on a version without a graph
+            raise FieldError(exc.field, str(exc)) from None
         except QueryError as exc:
             raise FieldError(field, str(exc)) from None
 

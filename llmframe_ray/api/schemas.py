@@ -53,7 +53,7 @@ FILTER = Field(
 NAMESPACE = Field(None, description="The namespace (tenant) to search; default: the API key's first.")
 
 
-Strategy = Literal["hybrid", "dense", "sparse", "graph", "compressed"]
+Strategy = Literal["hybrid", "dense", "sparse", "graph", "hybrid-graph", "compressed"]
 Rewrite = Literal["none", "multi-query", "prf", "conversational"]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from llmframe_ray.eval.beir import BeirDataset
-from llmframe_ray.eval.trec import score_run, write_run
+from llmframe_ray.eval.trec import score_all_found, score_run, write_run
 from llmframe_ray.index.manifest import FORMAT_VERSION
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.index.params import IndexParams
@@ -42,6 +42,8 @@ class EvalMode(Choice):
     RERANK_CE = "rerank-ce"  # hybrid, head ordered by the cross-encoder alone
     MULTI_QUERY = "multi-query"  # hybrid over the question and its offline rewrites, fused (retrieve/rewrite.py)
     PRF = "prf"  # hybrid, then hybrid with pseudo-relevance feedback terms, fused
+    GRAPH = "graph"  # the knowledge graph's ranker alone (graph/rank.py)
+    HYBRID_GRAPH = "hybrid-graph"  # BM25, dense and graph fused by RRF
 
     @classmethod
     def label(cls) -> str:
@@ -210,20 +212,35 @@ def evaluate(
             results = run_mode(pipeline, dataset, mode, depth)
             seconds = time.perf_counter() - started
         path = write_run(out_dir / f"{mode.value}.trec", results, tag=f"llmframe-{mode.value}")
-        reports.append(ModeResult(mode.value, score_run(path, dataset.qrels), path, len(results), seconds))
+        metrics = score_run(path, dataset.qrels)
+        if multi_hop(dataset):
+            metrics.update(score_all_found(path, dataset.qrels))
+        reports.append(ModeResult(mode.value, metrics, path, len(results), seconds))
     return reports
 
 
+def multi_hop(dataset: BeirDataset) -> bool:
+    """Every judged query needs a few (two to four) documents together, as HotpotQA's two gold
+    paragraphs: R_all@k is reported too (on collections with many relevant documents per query
+    it says nothing)."""
+    return bool(dataset.qrels) and all(2 <= sum(1 for r in docs.values() if r > 0) <= 4 for docs in dataset.qrels.values())
+
+
 def format_table(dataset: BeirDataset, reports: Sequence[ModeResult]) -> str:
+    extra = [name for name in (reports[0].metrics if reports else {}) if name.startswith("R_all@")]
     lines = [
         f"dataset {dataset.name} ({len(dataset.corpus)} docs, {len(dataset.queries)} judged "
         f"{dataset.split} queries)",
-        f"{'mode':<10} {'nDCG@10':>8} {'Recall@100':>11} {'queries/s':>10}  run file",
+        f"{'mode':<12} {'nDCG@10':>8} {'Recall@100':>11} " + "".join(f"{name:>9} " for name in extra)
+        + f"{'queries/s':>10}  run file",
     ]
     for r in reports:
         qps = r.queries / r.seconds if r.seconds > 0 else float("inf")
         lines.append(
-            f"{r.mode:<10} {r.metrics['nDCG@10']:>8.4f} {r.metrics['Recall@100']:>11.4f} "
-            f"{qps:>10.1f}  {r.run_path}"
+            f"{r.mode:<12} {r.metrics['nDCG@10']:>8.4f} {r.metrics['Recall@100']:>11.4f} "
+            + "".join(f"{r.metrics[name]:>9.4f} " for name in extra)
+            + f"{qps:>10.1f}  {r.run_path}"
         )
+    if extra:
+        lines.append("R_all@k: share of queries with every relevant document in the top k (both gold paragraphs)")
     return "\n".join(lines)

@@ -76,3 +76,21 @@ def score_run(path: Path, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, f
     if n == 0:
         raise ValueError("no judged queries to score")
     return {name: sum(values.values()) / n for name, values in per_query.items()}
+
+
+ALL_FOUND_CUTOFFS = (2, 5, 10)
+
+
+def score_all_found(path: Path, qrels: Mapping[str, Mapping[str, int]], cutoffs: Sequence[int] = ALL_FOUND_CUTOFFS) -> dict[str, float]:
+    """`R_all@k`: the share of judged queries whose relevant documents are *all* in the run's
+    top k (multi-hop collections: both gold paragraphs found), for each cutoff k."""
+    judged = [Qrel(qid, doc_id, int(rel)) for qid, docs in qrels.items() for doc_id, rel in docs.items()]
+    run = list(ir_measures.read_trec_run(str(path)))
+    measures = {ir_measures.R @ k: f"R_all@{k}" for k in cutoffs}
+    found = {name: 0 for name in measures.values()}
+    for metric in ir_measures.iter_calc(list(measures), judged, run):
+        found[measures[metric.measure]] += metric.value >= 1.0 - 1e-9
+    n = len(qrels)
+    if n == 0:
+        raise ValueError("no judged queries to score")
+    return {name: count / n for name, count in found.items()}

@@ -35,6 +35,7 @@ from llmframe_ray.retrieve.plan import (
     search_shard,
 )
 from llmframe_ray.retrieve.rerank import RerankParams
+from llmframe_ray.retrieve.strategy import GRAPH_MISSING, StrategyError
 from llmframe_ray.types import Chunk, Hit, SearchMode
 
 
@@ -48,7 +49,9 @@ class Pipeline:
         retrieval: RetrievalParams | None = None,
         reranker: CrossEncoder | None = None,
         rerank: RerankParams | None = None,
+        graph: Any = None,
     ) -> None:
+        """`graph`: a GraphSearch (graph/search.py) over these shards, for the graph modes."""
         if not shards:
             raise ValueError("a pipeline needs at least one index shard")
         self.retrieval = RetrievalParams() if retrieval is None else retrieval
@@ -58,6 +61,7 @@ class Pipeline:
         self.shards = [replace(shard, store=store) for shard, store in zip(prepared, keyed)]
         self.embedder = embedder
         self.reranker = reranker
+        self.graph = graph
         self.max_chunks_per_doc = max(s.manifest.max_chunks_per_doc for s in self.shards)
         self.total_chunks = sum(len(s) for s in self.shards)
         self.bm25_problem = bm25_consistency_problem([ShardFacts.of(s) for s in self.shards])
@@ -81,9 +85,13 @@ class Pipeline:
         reranker: CrossEncoder | None = None,
         rerank: RerankParams | None = None,
     ) -> Pipeline:
+        from llmframe_ray.graph.search import GraphSearch
+
         verify = (retrieval or RetrievalParams()).verify_on_load
         loaded = IndexDirectory(index_dir).load(verify=verify)
-        return cls(loaded.shards, embedder, retrieval, reranker, rerank)
+        pipeline = cls(loaded.shards, embedder, retrieval, reranker, rerank)
+        pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids)
+        return pipeline
 
     @property
     def default_mode(self) -> SearchMode:
@@ -148,7 +156,9 @@ class Pipeline:
     def check_queries(self, queries: Sequence[str], mode: SearchMode, truncate: bool = False) -> list[str]:
         """The queries stripped and checked for the mode (too long for the embedder: an error
         unless `truncate`)."""
-        uses_dense = mode in (SearchMode.DENSE, SearchMode.HYBRID)
+        uses_dense = mode.uses_dense
+        if mode.uses_graph and self.graph is None:
+            raise StrategyError("retrieval_strategy", GRAPH_MISSING)
         if uses_dense and self.embedder is None:
             raise ModelError(f"mode {mode.value!r} needs an embedder; none was loaded")
         check = self.embedder.check_query if uses_dense and not truncate else check_query_text
@@ -161,7 +171,7 @@ class Pipeline:
         """Each checked query's top `top_k` hits of the mode, before any reranking."""
         if not checked:
             return []
-        if mode in (SearchMode.BM25, SearchMode.HYBRID) and self.bm25_problem is not None:
+        if mode.uses_bm25 and self.bm25_problem is not None:
             raise IndexLoadError(self.bm25_problem)
         plan = retrieval_plan(
             checked, mode, ResultLevel.from_str(level), top_k, [len(s) for s in self.shards],
@@ -189,6 +199,11 @@ class _DirectBackend(DirectCalls):
     ) -> ShardResults:
         held = [(s, self.pipeline.shards[s]) for s in shards]
         return search_together(held, Ranker.from_str(ranker) is Ranker.BM25, inputs, k, where)
+
+    def search_graph(self, queries: Sequence[str], k: int, level: ResultLevel, where: Filter | None = None) -> ShardResults:
+        if self.pipeline.graph is None:
+            raise StrategyError("retrieval_strategy", GRAPH_MISSING)
+        return self.pipeline.graph.search(queries, k, level, where)
 
     def read_chunks(self, shard: int, rows: Sequence[int]) -> list[Chunk]:
         return self.pipeline.shards[shard].chunks(list(rows))

@@ -9,7 +9,8 @@ Serve Retriever with one call per shard group per step, local or through a deplo
 retrieve/candidates.py, its array steps).
 
     [encode] -> rounds of shard searches (bm25 and dense side by side) -> merge shards
-             -> (documents: best chunk per document) -> RRF (hybrid) -> read the chunks -> hits
+             -> [the graph's list, from whoever holds the knowledge graph (graph/rank.py)]
+             -> (documents: best chunk per document) -> RRF (fused modes) -> read the chunks -> hits
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ class Ranker(Choice):
 
     BM25 = SearchMode.BM25.value
     DENSE = SearchMode.DENSE.value
+    GRAPH = SearchMode.GRAPH.value
 
 
 BM25 = Ranker.BM25.value
 DENSE = Ranker.DENSE.value
+GRAPH = Ranker.GRAPH.value
 
 # A shard's answer to one search request: every query's (rows, scores, document ids).
 ShardResults = ShardAnswer
@@ -94,6 +97,23 @@ class SearchShards:
 
 
 @dataclass(frozen=True)
+class SearchGraph:
+    """Rank chunks with the knowledge graph for these query texts; answer: ShardResults with
+    `shards`, each query's top `k` chunks (at document level: the best chunk of each of its top
+    `k` documents) in the order rules, among the rows that `where` selects."""
+
+    queries: tuple[str, ...]
+    k: int
+    level: ResultLevel
+    where: Filter | None = None
+
+    @property
+    def shard(self) -> int:
+        """Routing: the graph is held with shard 0, by whoever holds every shard."""
+        return 0
+
+
+@dataclass(frozen=True)
 class ReadChunks:
     """Read these rows of shard `shard`; answer: the Chunks, in the same order."""
 
@@ -101,7 +121,7 @@ class ReadChunks:
     rows: tuple[int, ...]
 
 
-Request = Encode | SearchShard | SearchShards | ReadChunks
+Request = Encode | SearchShard | SearchShards | SearchGraph | ReadChunks
 Plan = Generator[list[Request], list[Any], list[list[Hit]]]
 
 
@@ -117,7 +137,7 @@ class FusionParams:
     def with_alpha(self, alpha: float | None) -> FusionParams:
         """These settings with the ranker weights of a dense/sparse weight `alpha`
         (retrieve/strategy.py); None: unchanged."""
-        return self if alpha is None else replace(self, weights=alpha_weights(alpha))
+        return self if alpha is None else replace(self, weights={**self.weights, **alpha_weights(alpha)})
 
 
 class PlanBackend(Protocol):
@@ -130,7 +150,7 @@ class PlanBackend(Protocol):
 
 class DirectCalls:
     """A backend's `answer` as one method call per request (encode / search / search_together /
-    read_chunks)."""
+    search_graph / read_chunks)."""
 
     def answer(self, requests: Sequence[Request]) -> list[Any]:
         return [answer_request(self, request) for request in requests]
@@ -144,6 +164,8 @@ def answer_request(backend: Any, request: Request) -> Any:
         return backend.search(request.shard, request.ranker, request.inputs, request.k, request.where)
     if isinstance(request, SearchShards):
         return backend.search_together(request.shards, request.ranker, request.inputs, request.k, request.where)
+    if isinstance(request, SearchGraph):
+        return backend.search_graph(request.queries, request.k, request.level, request.where)
     if isinstance(request, ReadChunks):
         return backend.read_chunks(request.shard, request.rows)
     raise TypeError(f"not a retrieval plan request: {request!r}")
@@ -189,23 +211,28 @@ def retrieval_plan(
     `together`: groups of shards that one process holds, searched as one (SearchShards); every
     other shard is searched on its own. Rankings are the same either way.
     """
-    depth = top_k if mode is not SearchMode.HYBRID else max(top_k, fusion.fusion_depth)
+    depth = max(top_k, fusion.fusion_depth) if mode.fused else top_k
     rankers: list[tuple[str, Any]] = []
-    if mode in (SearchMode.BM25, SearchMode.HYBRID):
+    if mode.uses_bm25:
         rankers.append((BM25, list(queries)))
-    if mode in (SearchMode.DENSE, SearchMode.HYBRID):
+    if mode.uses_dense:
         if vectors is None:
             (vectors,) = yield [Encode(tuple(queries))]
         rankers.append((DENSE, np.ascontiguousarray(vectors, dtype=np.float32)))
     if where is not None and where.empty:
         where = None
-    per_ranker = yield from _candidates(
-        rankers, len(queries), depth, level, shard_sizes, _units(shard_sizes, together), where
-    )
+    per_ranker: dict[str, list[Candidates]] = {}
+    if rankers:
+        per_ranker = yield from _candidates(
+            rankers, len(queries), depth, level, shard_sizes, _units(shard_sizes, together), where
+        )
+    if mode.uses_graph:
+        (graph,) = yield [SearchGraph(tuple(queries), depth, level, where)]
+        per_ranker[GRAPH] = [merge_parts(GRAPH, [graph.part(i, -1)], graph.count(i)) for i in range(len(queries))]
 
     ranked = []
     for i in range(len(queries)):
-        candidates = [per_ranker[name][i] for name, _ in rankers]
+        candidates = [per_ranker[name][i] for name in mode.rankers]
         ranked.append(_rank(candidates, level, depth, top_k, fusion))
 
     wanted = sorted({(item.shard, item.row) for items in ranked for item in items})
@@ -316,7 +343,7 @@ def _rank(candidates: list[Candidates], level: ResultLevel, depth: int, top_k: i
 
 
 def _weights(names: list[str], fusion: FusionParams) -> list[float]:
-    unknown = sorted(set(fusion.weights) - set(names))
+    unknown = sorted(set(fusion.weights) - {r.value for r in Ranker})
     if unknown:
         raise ValueError(f"weights given for unknown ranked lists: {unknown}")
     weights = [float(fusion.weights.get(name, 1.0)) for name in names]

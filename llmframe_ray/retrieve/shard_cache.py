@@ -2,7 +2,8 @@
 replica, and of the Retriever when it holds the shards itself).
 
 A cache is bound to some shard numbers of an index directory and answers both rankers (BM25
-and dense) and chunk reads for them. Each call names the version it belongs to, so a request
+and dense) and chunk reads for them; a group holding every shard also loads the version's
+knowledge graph, if it has one, and answers the graph ranker (graph/search.py). Each call names the version it belongs to, so a request
 that started on one version finishes on it while newer requests use the next: versions are loaded
 on first use (one load at a time per version) and the `keep_versions` most recently used stay
 loaded. A version dropped from the cache stays alive for calls still using it (its files are
@@ -25,7 +26,8 @@ from llmframe_ray.retrieve.candidates import ShardAnswer
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.joint import search_together
 from llmframe_ray.retrieve.facts import ShardFacts
-from llmframe_ray.retrieve.plan import Ranker, ReadChunks, Request, SearchShard, SearchShards, search_shard
+from llmframe_ray.retrieve.plan import Ranker, ReadChunks, Request, SearchGraph, SearchShard, SearchShards, search_shard
+from llmframe_ray.retrieve.strategy import GRAPH_MISSING, StrategyError
 
 EMPTY = ShardFacts(size=0, n_tokens=0, corpus=None, model={})
 
@@ -48,6 +50,7 @@ class ShardCache:
         self.params = params
         self.keep_versions = keep_versions
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
+        self._graphs: dict[str, Any] = {}  # version -> its GraphSearch (None: it has none)
         self._locks: dict[str, asyncio.Lock] = {}
         current = self.index.current_version()
         if current is not None:
@@ -66,6 +69,11 @@ class ShardCache:
             live = [n for n, shard in loaded.items() if shard is not None]
             keyed = share_document_keys([loaded[n].store for n in live])
             loaded.update({n: replace(loaded[n], store=store) for n, store in zip(live, keyed)})
+            from llmframe_ray.graph.search import GraphSearch
+
+            self._graphs[version] = GraphSearch.open(
+                self.index.versions_dir / version, [loaded[n].store for n in live], live
+            )
         return loaded
 
     def _remember(self, version: str, loaded: Loaded) -> None:
@@ -75,6 +83,7 @@ class ShardCache:
         while len(self._loaded) > self.keep_versions:
             dropped, _ = self._loaded.popitem(last=False)
             self._locks.pop(dropped, None)
+            self._graphs.pop(dropped, None)
 
     async def version(self, version: str) -> Loaded:
         if version in self._loaded:
@@ -94,7 +103,7 @@ class ShardCache:
         They run in the calling thread: a search takes about a millisecond, less than handing it
         to another thread cost on a small virtual machine (measured: up to 2 ms per hand-off)."""
         loaded = await self.version(version)
-        return answer_all(loaded, version, requests)
+        return answer_all(loaded, version, requests, self._graphs.get(version))
 
     async def describe(self, version: str) -> list[ShardFacts]:
         """Facts of each of this group's shards, in the order of `shards`."""
@@ -108,9 +117,14 @@ class ShardCache:
         return "ready"
 
 
-def answer_all(loaded: Loaded, version: str, requests: Sequence[Request]) -> list[Any]:
+def answer_all(loaded: Loaded, version: str, requests: Sequence[Request], graph: Any = None) -> list[Any]:
     out: list[Any] = []
     for request in requests:
+        if isinstance(request, SearchGraph):
+            if graph is None:
+                raise StrategyError("retrieval_strategy", GRAPH_MISSING)
+            out.append(graph.search(request.queries, request.k, request.level, request.where))
+            continue
         asked = request.shards if isinstance(request, SearchShards) else (request.shard,)
         missing = [s for s in asked if s not in loaded]
         if missing:

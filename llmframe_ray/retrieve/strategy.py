@@ -5,7 +5,11 @@
     dense       the embedding ranker alone
     sparse      BM25 alone
     compressed  hybrid, then contextual compression of the passages (retrieve/compress.py)
-    graph       the GraphRAG ranker: refused until an index carries a knowledge graph
+    graph       the knowledge graph's ranker alone (graph/rank.py)
+    hybrid-graph  BM25, dense and the graph ranker fused by RRF (the graph weighs
+                LLMFRAME_GRAPH_WEIGHT)
+The graph strategies need a knowledge graph in the served index version (`llmframe-ray graph
+build`); without one they are refused with GRAPH_MISSING.
 
 `alpha` in [0, 1] sets the two rankers' RRF weights: dense 2 * alpha, BM25 2 * (1 - alpha). So
 0.5 is the equal weighting (1, 1), 1 ranks by dense retrieval with BM25 only breaking ties among
@@ -28,6 +32,7 @@ class Strategy(Choice):
     DENSE = "dense"
     SPARSE = "sparse"
     GRAPH = "graph"
+    HYBRID_GRAPH = "hybrid-graph"
     COMPRESSED = "compressed"
 
     @classmethod
@@ -40,11 +45,14 @@ _MODES = {
     Strategy.DENSE: SearchMode.DENSE,
     Strategy.SPARSE: SearchMode.BM25,
     Strategy.COMPRESSED: SearchMode.HYBRID,
+    Strategy.GRAPH: SearchMode.GRAPH,
+    Strategy.HYBRID_GRAPH: SearchMode.HYBRID_GRAPH,
 }
 
 GRAPH_MISSING = (
-    "'graph' needs a knowledge graph (entities, relations, communities) in the index, and this "
-    "server's index has none; use hybrid, dense, sparse or compressed"
+    "'graph' and 'hybrid-graph' need a knowledge graph (entities, relations, communities) in the "
+    "served index version, and it has none (build one with `llmframe-ray graph build`); use "
+    "hybrid, dense, sparse or compressed"
 )
 
 
@@ -54,6 +62,9 @@ class StrategyError(QueryError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         super().__init__(message)
+
+    def __reduce__(self):  # crosses process boundaries (a Serve replica's error) whole
+        return (type(self), (self.field, str(self)))
 
 
 @dataclass(frozen=True)
@@ -76,8 +87,6 @@ def resolve(strategy: str | None, mode: str | SearchMode | None, default_mode: S
         named = Strategy.from_str(strategy)
     except ValueError as exc:
         raise StrategyError("retrieval_strategy", str(exc)) from None
-    if named is Strategy.GRAPH:
-        raise StrategyError("retrieval_strategy", GRAPH_MISSING)
     search_mode = _MODES[named]
     if mode is not None and SearchMode.from_str(mode) is not search_mode:
         raise StrategyError(
@@ -88,7 +97,7 @@ def resolve(strategy: str | None, mode: str | SearchMode | None, default_mode: S
 
 
 def _strategy_of(mode: SearchMode) -> Strategy:
-    return {SearchMode.HYBRID: Strategy.HYBRID, SearchMode.DENSE: Strategy.DENSE, SearchMode.BM25: Strategy.SPARSE}[mode]
+    return Strategy.SPARSE if mode is SearchMode.BM25 else Strategy(mode.value)
 
 
 def alpha_weights(alpha: float) -> dict[str, float]:

@@ -39,13 +39,8 @@ from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.embedder import EmbedderParams, check_query_text, embed_each, load_embedder
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.facts import ShardFacts, bm25_consistency_problem
-from llmframe_ray.retrieve.plan import (
-    Request,
-    ResultLevel,
-    retrieval_plan,
-    run_plan_async,
-)
-from llmframe_ray.retrieve.shard_cache import ShardCache
+from llmframe_ray.retrieve.plan import Request, ResultLevel, SearchGraph, retrieval_plan, run_plan_async
+from llmframe_ray.retrieve.shard_cache import ShardCache, answer_all
 from llmframe_ray.serve.activity import MachineSearches
 from llmframe_ray.serve.replica import BatchStats, replica_threads, unwrap, with_replica_threads
 from llmframe_ray.types import SearchMode
@@ -107,6 +102,7 @@ class RetrieverCore:
         self.n_shards = sum(len(g.shards) for g in self.groups)
         self.group_of = {shard: i for i, g in enumerate(self.groups) for shard in g.shards}
         self.together = [g.shards for g in self.groups if len(g.shards) > 1]  # each group's shards searched as one
+        self.graphs: dict[str, Any] = {}  # version -> GraphSearch, held here when no group holds every shard
         if sorted(self.group_of) != list(range(self.n_shards)):
             raise ValueError(f"shard groups {[g.shards for g in self.groups]} must hold shards 0..n-1 once each")
         self.local: ShardCache | None = None
@@ -191,12 +187,12 @@ class RetrieverCore:
         """Answer asks of one mode, level, top_k, filter and alpha with one plan."""
         mode, level, top_k, where = asks[0].mode, asks[0].level, asks[0].top_k, asks[0].where
         fusion = self.fusion.with_alpha(asks[0].alpha)
-        if mode in (SearchMode.BM25, SearchMode.HYBRID) and served.bm25_problem is not None:
+        if mode.uses_bm25 and served.bm25_problem is not None:
             return [IndexLoadError(served.bm25_problem)] * len(asks)
         out: list[Retrieved | BaseException | None] = [None] * len(asks)
         vectors = None
         live = list(range(len(asks)))
-        if mode in (SearchMode.DENSE, SearchMode.HYBRID):
+        if mode.uses_dense:
             encoded = await self._encode([a.query for a in asks])
             for i, result in enumerate(encoded):
                 if isinstance(result, BaseException):
@@ -231,10 +227,9 @@ class RetrieverCore:
 
     async def _encode(self, queries: list[str]) -> list[np.ndarray | BaseException]:
         """Each query's vector or its own error. Here: one query per model call, in this thread
-        (measured on 2-core machines: a padded batch of queries costs more per query than single
-        ones, and handing one query's work to another thread added up to 2 ms); one replica per core gives
-        the parallelism. A query that is the only search on the machine (no other in flight in
-        any replica there) runs through the solo session, on the cores the idle replicas leave."""
+        (on 2 cores a padded batch cost more per query, a thread hand-off up to 2 ms); one replica
+        per core gives the parallelism. The only search on the machine runs through the solo
+        session, on the cores the idle replicas leave."""
         if self.embedder is not None:
             solo = len(queries) == 1 and self.searches is not None and self.searches.alone()
             self.solo += solo
@@ -252,12 +247,9 @@ class RetrieverCore:
         return [None if isinstance(v, BaseException) else v for v in encoded]
 
     async def _warm_up(self) -> None:
-        """Answer one search before the first request does: the first call of each compiled
-        ranking function loads it from numba's cache (about 0.4 s in all, measured in process on
-        the sample index: 395 ms for the first search, 5-6 ms after), which the first user of
-        each replica would otherwise wait for. Its failure is only logged: requests report
-        their own errors. Queries are encoded for it only by a local ONNX model here (never a
-        hosted one, nor another replica); otherwise it searches with BM25 alone, if it can."""
+        """One search before the first request: loading the compiled ranking functions cost the
+        first search 395 ms, later ones 5-6 ms (sample index). Only a local model encodes for it,
+        else BM25 alone if it can; a failure is only logged (requests report their own)."""
         local = getattr(self.embedder, "provider", None) == "local"
         bm25 = self.served.bm25_problem is None
         if not (local or bm25):
@@ -312,6 +304,12 @@ class RetrieverCore:
         for shard in ordered:
             if shard.size:
                 check_model(shard.model, model)
+        if len(self.groups) > 1:  # a group holding every shard holds the graph (retrieve/shard_cache.py)
+            from llmframe_ray.graph.search import open_for_version
+
+            graph = await asyncio.to_thread(open_for_version, self.args.index_dir, version)
+            kept = getattr(getattr(self, "served", None), "version", None)  # the one in use stays
+            self.graphs = {**{v: g for v, g in self.graphs.items() if v == kept}, version: graph}
         return Served(version, ordered, bm25_consistency_problem(ordered))
 
     async def _group_call(self, group: Group, method: str, *args: Any) -> Any:
@@ -378,8 +376,7 @@ class Retriever(RetrieverCore):
 
 
 class _Backend:
-    """A plan step's requests (retrieve/plan.py: PlanBackend) as one call per shard group, on
-    one index version."""
+    """A plan step's requests (retrieve/plan.py: PlanBackend), one call per shard group, on one version."""
 
     def __init__(self, retriever: RetrieverCore, version: str) -> None:
         self.retriever, self.version = retriever, version
@@ -389,7 +386,10 @@ class _Backend:
         out: list[Any] = [None] * len(requests)
         by_group: dict[int, list[int]] = {}
         for i, request in enumerate(requests):  # no Encode: _answer passes the plan its vectors
-            by_group.setdefault(retriever.group_of[request.shard], []).append(i)
+            if isinstance(request, SearchGraph) and len(retriever.groups) > 1:  # the graph is held here
+                out[i] = answer_all({}, self.version, [request], retriever.graphs.get(self.version))[0]
+            else:
+                by_group.setdefault(retriever.group_of[request.shard], []).append(i)
         groups = list(by_group.items())
         answers = await asyncio.gather(
             *(retriever._group_call(retriever.groups[g], "answer", self.version, [requests[i] for i in idx]) for g, idx in groups)

@@ -12,7 +12,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.eval.beir import load_beir
 from llmframe_ray.eval.runner import cached_index, evaluate
 from llmframe_ray.retrieve.pipeline import Pipeline
-from llmframe_ray.types import SearchMode
+from llmframe_ray.types import INDEX_MODES
 from tests.conftest import SHARED_EVAL
 
 SCIFACT = SHARED_EVAL / "scifact"
@@ -31,7 +31,7 @@ def test_scifact_floors(tmp_path, embedder):
     dataset = load_beir(SCIFACT)
     assert len(dataset.queries) == 300 and len(dataset.corpus) == 5183
     pipeline = Pipeline.open(cached_index(dataset, settings.params().index, embedder, settings.indexes_dir), embedder, settings.params().retrieval)
-    reports = evaluate(pipeline, dataset, list(SearchMode), runs_dir=tmp_path)
+    reports = evaluate(pipeline, dataset, list(INDEX_MODES), runs_dir=tmp_path)
     for report in reports:
         lines = (tmp_path / f"{report.mode}.trec").read_text().splitlines()
         assert len({line.split()[0] for line in lines}) == 300

@@ -71,10 +71,11 @@ def test_each_strategy_is_its_mode(client, pipeline, strategy, mode):
 
 @pytest.mark.parametrize(("body", "field", "message"), [
     ({"retrieval_strategy": "graph"}, "retrieval_strategy", f"retrieval_strategy: {GRAPH_MISSING}"),
+    ({"retrieval_strategy": "hybrid-graph"}, "retrieval_strategy", f"retrieval_strategy: {GRAPH_MISSING}"),
     ({"retrieval_strategy": "sparse", "mode": "dense"}, "mode",
      "mode: mode 'dense' contradicts retrieval_strategy 'sparse' (which searches with 'bm25'); send one of them"),
     ({"retrieval_strategy": "fuzzy"}, "retrieval_strategy",
-     "retrieval_strategy: Input should be 'hybrid', 'dense', 'sparse', 'graph' or 'compressed'"),
+     "retrieval_strategy: Input should be 'hybrid', 'dense', 'sparse', 'graph', 'hybrid-graph' or 'compressed'"),
     ({"alpha": 1.5}, "alpha", "alpha: Input should be less than or equal to 1"),
     ({"query_rewrite": "hyde"}, "query_rewrite",
      "query_rewrite: Input should be 'none', 'multi-query', 'prf' or 'conversational'"),

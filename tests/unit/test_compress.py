@@ -3,6 +3,8 @@ vocabulary (retrieve/strategy.py): exact choices on hand-made scores."""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -86,9 +88,11 @@ def test_strategies_resolve_to_modes():
     plan = resolve("compressed", None, SearchMode.DENSE)
     assert (plan.strategy, plan.mode, plan.compress) == (Strategy.COMPRESSED, SearchMode.HYBRID, True)
     assert resolve(None, "dense", SearchMode.HYBRID).strategy is Strategy.DENSE
-    with pytest.raises(StrategyError) as raised:
-        resolve("graph", None, SearchMode.HYBRID)
-    assert (raised.value.field, str(raised.value)) == ("retrieval_strategy", GRAPH_MISSING)
+    assert resolve("graph", None, SearchMode.HYBRID).mode is SearchMode.GRAPH  # refused later without a graph
+    assert resolve("hybrid-graph", None, SearchMode.DENSE) == resolve(None, "hybrid-graph", SearchMode.DENSE)
+    assert resolve(None, "hybrid-graph", SearchMode.DENSE).strategy is Strategy.HYBRID_GRAPH
+    error = pickle.loads(pickle.dumps(StrategyError("retrieval_strategy", GRAPH_MISSING)))  # as a replica raises it
+    assert (type(error), error.field, str(error)) == (StrategyError, "retrieval_strategy", GRAPH_MISSING)
     with pytest.raises(StrategyError) as raised:
         resolve("dense", "hybrid", SearchMode.HYBRID)
     assert raised.value.field == "mode"

@@ -114,7 +114,7 @@ def test_search_mode_from_str():
     assert SearchMode.from_str(" Hybrid ") is SearchMode.HYBRID
     with pytest.raises(ValueError) as err:
         SearchMode.from_str("semantic")
-    assert str(err.value) == "unknown search mode 'semantic'; valid search modes: bm25, dense, hybrid"
+    assert str(err.value) == "unknown search mode 'semantic'; valid search modes: bm25, dense, hybrid, graph, hybrid-graph"
 
 
 def test_errors_never_echo_a_secret_setting(monkeypatch):

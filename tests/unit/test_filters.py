@@ -19,7 +19,7 @@ from llmframe_ray.ingest.build import publish_shards
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
 from llmframe_ray.retrieve.pipeline import Pipeline, _DirectBackend
 from llmframe_ray.retrieve.plan import FusionParams, ResultLevel, retrieval_plan, run_plan
-from llmframe_ray.types import Chunk, RankedList, SearchMode
+from llmframe_ray.types import INDEX_MODES, Chunk, RankedList, SearchMode
 
 WORDS = "moon tide ocean lava ice bee honey iron rust tea leaf salt wind rain sand star".split()
 DIM = 24
@@ -142,7 +142,7 @@ def test_filtered_hybrid_fuses_the_filtered_lists(corpus, raw):
 def test_a_filter_that_selects_nothing_returns_no_hits(corpus):
     shards, _, vectors = corpus
     where = parse_filter({"lang": "xx"})
-    for mode in SearchMode:
+    for mode in INDEX_MODES:  # graph modes: tests/unit/test_graph.py
         assert plan_hits(shards, mode, ResultLevel.DOCUMENT, 5, where, vectors, FusionParams()) == [[]] * len(QUERIES)
 
 
@@ -226,7 +226,7 @@ def test_a_tenants_ranking_does_not_depend_on_another_tenants_documents(tmp_path
     publish_shards(both, a_chunks + b_chunks, np.vstack([a_vectors, b_vectors]), params, model, shards=3)
     vectors = rng.normal(size=(len(QUERIES), DIM)).astype(np.float32)
     where = parse_filter({}, namespace="acme")
-    for mode in SearchMode:
+    for mode in INDEX_MODES:  # graph modes: tests/unit/test_graph.py
         for level in ResultLevel:
             fusion = FusionParams(rrf_k=20, fusion_depth=30)
             a = plan_hits(alone.load().shards, mode, level, 15, where, vectors, fusion)

@@ -12,7 +12,7 @@ from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.retrieve import joint
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.plan import ResultLevel
-from llmframe_ray.types import Document, SearchMode
+from llmframe_ray.types import INDEX_MODES, Document, SearchMode
 
 retriever = pytest.importorskip("llmframe_ray.serve.retriever")
 
@@ -47,7 +47,7 @@ def key(hits):
     return [(h.doc_id, h.chunk_id, h.rank, dict(h.ranks), round(h.score, 6)) for h in hits]
 
 
-@pytest.mark.parametrize("mode", list(SearchMode))
+@pytest.mark.parametrize("mode", INDEX_MODES)
 def test_one_plan_for_a_batch_answers_each_request_as_the_pipeline_does_alone(setup, mode):
     core, pipeline = setup
     asks = [retriever.Ask(q, mode, ResultLevel.DOCUMENT, 3) for q in QUERIES]

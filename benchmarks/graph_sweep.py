@@ -1,0 +1,83 @@
+"""Choose the graph ranker's settings and its RRF weight in hybrid-graph on tuning queries only.
+
+    .venv/bin/python benchmarks/graph_sweep.py      # SciFact train + HotpotQA questions 1-100
+
+For each collection: hybrid once, then hybrid-graph for every (seed types, depth, weight), each
+scored from a written TREC run file (nDCG@10, and R_all@10 where every query has two or more
+relevant documents). The knowledge graph is built with the cached index on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.tuning import TUNE, label, load_split  # noqa: E402
+from llmframe_ray.config import load_settings  # noqa: E402
+from llmframe_ray.eval.runner import multi_hop, run_mode  # noqa: E402
+from llmframe_ray.eval.trec import score_all_found, score_run, write_run  # noqa: E402
+from llmframe_ray.graph.build import ensure_graph  # noqa: E402
+from llmframe_ray.graph.extract import NAME, PHRASE, QUOTED, TITLE  # noqa: E402
+from llmframe_ray.graph.rank import GraphParams  # noqa: E402
+from llmframe_ray.graph.search import GraphSearch  # noqa: E402
+from llmframe_ray.eval.runner import cached_index  # noqa: E402
+from llmframe_ray.ingest.build import stderr_progress  # noqa: E402
+from llmframe_ray.index.versions import IndexDirectory  # noqa: E402
+from llmframe_ray.models.embedder import load_embedder  # noqa: E402
+from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
+from llmframe_ray.types import SearchMode  # noqa: E402
+
+SEEDS = {"all": (TITLE, QUOTED, NAME, PHRASE), "names": (TITLE, QUOTED, NAME)}
+
+
+def scores(path: Path, dataset) -> dict[str, float]:
+    out = score_run(path, dataset.qrels)
+    if multi_hop(dataset):
+        out.update(score_all_found(path, dataset.qrels, (10,)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights", default="0.1,0.25,0.5,1.0")
+    parser.add_argument("--depths", default="1,2")
+    parser.add_argument("--seeds", default="all,names")
+    args = parser.parse_args()
+    params = load_settings().params()
+    embedder = load_embedder(params.embedder)
+    out = Path(tempfile.mkdtemp(prefix="graph-sweep-"))
+    weights = [float(w) for w in args.weights.split(",")]
+    depths = [int(d) for d in args.depths.split(",")]
+    seeds = args.seeds.split(",")
+    for name, split, first in TUNE:
+        dataset = load_split(name, split, first)
+        root = cached_index(dataset, params.index, embedder, params.indexes_dir, stderr_progress())
+        ensure_graph(root)
+        pipeline = Pipeline.open(root, embedder, params.retrieval)
+        loaded = IndexDirectory(root).load()
+        base = scores(write_run(out / f"{name}-hybrid.trec", run_mode(pipeline, dataset, SearchMode.HYBRID), "hybrid"), dataset)
+        print(f"\n{label(name, split, first)}: hybrid " + " ".join(f"{k} {v:.4f}" for k, v in base.items()))
+        print(f"{'seeds':<6} {'depth':>5} {'weight':>6} {'nDCG@10':>8} {'delta':>7}" + ("  R_all@10  delta" if "R_all@10" in base else ""))
+        for seed, depth in itertools.product(seeds, depths):
+            graph_params = GraphParams(depth=depth, seed_types=SEEDS[seed])
+            pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, graph_params)
+            for weight in weights:
+                fusion = replace(params.retrieval.fusion, weights={**params.retrieval.fusion.weights, "graph": weight})
+                pipeline.retrieval = replace(params.retrieval, fusion=fusion)
+                run = run_mode(pipeline, dataset, SearchMode.HYBRID_GRAPH)
+                got = scores(write_run(out / f"{name}-{seed}-{depth}-{weight}.trec", run, "hybrid-graph"), dataset)
+                line = f"{seed:<6} {depth:>5} {weight:>6} {got['nDCG@10']:>8.4f} {got['nDCG@10'] - base['nDCG@10']:>+7.4f}"
+                if "R_all@10" in got:
+                    line += f"  {got['R_all@10']:>8.4f} {got['R_all@10'] - base['R_all@10']:>+6.4f}"
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

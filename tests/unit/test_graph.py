@@ -1,0 +1,225 @@
+"""The knowledge graph (llmframe_ray/graph): offline extraction, the graph stored in a version,
+the graph ranker's walk, and its list in the retrieval plan (modes graph and hybrid-graph)."""
+
+import numpy as np
+import pytest
+
+from llmframe_ray.config import load_settings
+from llmframe_ray.errors import IndexLoadError
+from llmframe_ray.eval.trec import score_all_found, write_run
+from llmframe_ray.graph.build import ensure_graph
+from llmframe_ray.graph.extract import OfflineExtractor, entity_key, match_known, title_surface
+from llmframe_ray.graph.rank import GraphParams, GraphRanker
+from llmframe_ray.graph.search import GraphSearch
+from llmframe_ray.graph.store import TITLE_WEIGHT, KnowledgeGraph, build_graph, index_chunks
+from llmframe_ray.index.metadata import parse_filter
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.ingest.build import publish_shards
+from llmframe_ray.retrieve.pipeline import Pipeline, _DirectBackend
+from llmframe_ray.retrieve.plan import FusionParams, ResultLevel, retrieval_plan, run_plan
+from llmframe_ray.retrieve.strategy import GRAPH_MISSING, StrategyError
+from llmframe_ray.types import Chunk, SearchMode
+
+DIM = 16
+DOCS = {
+    "film": ("Kiss and Tell (1945 film)", [
+        "Kiss and Tell is a 1945 American comedy film starring Shirley Temple as Corliss Archer. "
+        "It was directed by Richard Wallace.",
+        "The film was a box office success for Columbia Pictures.",
+    ]),
+    "temple": ("Shirley Temple", [
+        "Shirley Temple Black was an American actress. As an adult, she served as Chief of Protocol of the United States.",
+    ]),
+    "archer": ("Meet Corliss Archer", ["Meet Corliss Archer is a radio program about a teenage girl. It aired on CBS from 1943."]),
+    "lava": ("Lava", ["Lava is molten rock expelled by a volcano during an eruption. Basaltic lava flows quickly on Mount Etna."]),
+    "etna": ("Mount Etna", ["Mount Etna is on the east coast of Sicily. Its eruptions are frequent."]),
+    "tides": ("Tides", ["Tides are the rise and fall of sea levels caused by the Moon."]),
+}
+BRIDGE = "What position did the actress who played Corliss Archer in the film Kiss and Tell hold?"
+
+
+def chunks():
+    out = []
+    for doc, (title, texts) in DOCS.items():
+        for position, text in enumerate(texts):
+            out.append(Chunk(f"{doc}#{position}", doc, position, text, title=title, metadata={"kind": "film" if doc in ("film", "temple", "archer") else "nature"}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    all_chunks = chunks()
+    vectors = rng.normal(size=(len(all_chunks), DIM)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    root = tmp_path_factory.mktemp("graph") / "index"
+    params = load_settings().params().index
+    publish_shards(IndexDirectory(root), all_chunks, vectors, params, {"name": "random", "provider": "test", "dim": DIM, "max_length": 64}, shards=2)
+    return root
+
+
+def test_extractor_reads_titles_quotes_names_and_phrases():
+    text = ('In 1943 the program "A Date with Judy" moved to NBC. It starred Janet Marie Waldo of the United States '
+            'as a voice actress in January; Bank of America paid for insulin resistance studies.')
+    got = [(m.key, m.surface, m.type) for m in OfflineExtractor().extract(text, "Janet Waldo (actress)")]
+    assert got == [
+        ("janet waldo", "Janet Waldo", "title"),
+        ("date with judi", "A Date with Judy", "quoted"),
+        ("nbc", "NBC", "name"),  # "In" (sentence start), "1943", "January" and single lower-case words are not
+        ("janet mari waldo", "Janet Marie Waldo", "name"),
+        ("unit state", "United States", "name"),
+        ("voic actress", "voice actress", "phrase"),
+        ("bank of america", "Bank of America", "name"),
+        ("insulin resist studi", "insulin resistance studies", "phrase"),
+    ]
+
+
+def test_keys_and_titles_are_normalised():
+    assert entity_key("The Beatles") == entity_key("Beatles") == "beatl"
+    assert entity_key("Shirley Temple's") == entity_key("shirley temple") == "shirley templ"
+    assert title_surface("Kiss and Tell (1945 film)") == "Kiss and Tell"
+    assert title_surface("(film)") == "(film)"
+
+
+def test_match_known_prefers_the_longest_name_and_capitalised_single_words():
+    known = {"kiss and tell": 0, "corliss archer": 1, "tell": 2, "film": 3}
+    single = {"tell": 2, "film": 3}
+    assert match_known("the film Kiss and Tell starred Corliss Archer", known, single=single) == [0, 1]
+    assert match_known("a film about Film", known, single=single) == [3]  # only the capitalised one
+    assert match_known("kiss and tell", known, single={}) == [0]
+
+
+def test_graph_links_a_title_named_in_another_chunk(index):
+    loaded = IndexDirectory(index).load()
+    graph = build_graph(index_chunks(list(zip(loaded.shard_ids, loaded.shards))))
+    ids = graph.entity_ids()
+    nodes = {(int(s), int(r)): n for n, (s, r) in enumerate(zip(graph.chunk_shard, graph.chunk_row))}
+    by_chunk = {}
+    for shard_id, shard in zip(loaded.shard_ids, loaded.shards):
+        for row, chunk in enumerate(shard.store):
+            by_chunk[chunk.chunk_id] = nodes[shard_id, row]
+    mentions = graph.mentions.toarray()
+    temple = ids["shirley templ"]
+    assert graph.types[temple] == "title" and graph.names[temple] == "Shirley Temple"
+    assert mentions[by_chunk["temple#0"], temple] == TITLE_WEIGHT
+    assert mentions[by_chunk["film#0"], temple] == 1.0  # named there, a link to the actress's own chunk
+    assert mentions[by_chunk["film#1"], temple] == 0.0
+    both = ((mentions[:, temple] > 0) & (mentions[:, ids["corliss archer"]] > 0)).sum()
+    assert graph.relations[temple, ids["corliss archer"]] == both == 1
+    assert graph.relations.diagonal().sum() == 0
+    assert {graph.names[e] for c in graph.communities for e in c.entities} <= set(graph.names)
+
+
+def test_a_stored_graph_reads_back_the_same(index, tmp_path):
+    loaded = IndexDirectory(index).load()
+    graph = build_graph(index_chunks(list(zip(loaded.shard_ids, loaded.shards))))
+    back = KnowledgeGraph.load(graph.save(tmp_path / "graph"))
+    assert (back.keys, back.names, back.types) == (graph.keys, graph.names, graph.types)
+    assert (back.mentions != graph.mentions).nnz == 0 and (back.relations != graph.relations).nnz == 0
+    assert back.communities == graph.communities and back.sizes() == graph.sizes()
+    (tmp_path / "graph" / "graph.json").write_text('{"format": 99}')
+    with pytest.raises(IndexLoadError, match="graph format 99, this version reads 1"):
+        KnowledgeGraph.load(tmp_path / "graph")
+
+
+def test_walk_scores_are_the_matrix_walk(index):
+    loaded = IndexDirectory(index).load()
+    graph = build_graph(index_chunks(list(zip(loaded.shard_ids, loaded.shards))))
+    ranker = GraphRanker(graph, GraphParams(depth=3, hop_decay=0.5))
+    m = graph.mentions.toarray().astype(np.float64)
+    idf = np.log1p(m.shape[0] / np.maximum((m > 0).sum(axis=0), 1))
+    to_chunks = m.T / m.T.sum(axis=1, keepdims=True)
+    weighted = m * idf
+    to_entities = weighted / weighted.sum(axis=1, keepdims=True)
+    seeds = np.zeros(graph.n_entities)
+    for entity, weight in ranker.seeds(BRIDGE).items():
+        seeds[entity] = weight
+    hop1 = seeds @ to_chunks
+    hop2 = hop1 @ to_entities @ to_chunks
+    hop3 = hop2 @ to_entities @ to_chunks
+    expected = hop1 + 0.5 * hop2 + 0.25 * hop3
+    assert np.allclose(ranker.scores([BRIDGE]).toarray()[0], expected)
+    assert set(ranker.seeds(BRIDGE)) == {graph.entity_ids()[k] for k in ("kiss and tell", "corliss archer")}
+
+
+def plan_hits(index, mode, queries, level=ResultLevel.DOCUMENT, top_k=5, where=None, params=None):
+    loaded = IndexDirectory(index).load()
+    pipeline = Pipeline(loaded.shards, None)
+    ensure_graph(index)
+    pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, params)
+    vectors = np.random.default_rng(5).normal(size=(len(queries), DIM)).astype(np.float32)
+    plan = retrieval_plan(queries, mode, level, top_k, [len(s) for s in pipeline.shards], FusionParams(), vectors,
+                          together=[range(len(pipeline.shards))], where=where)
+    return run_plan(plan, _DirectBackend(pipeline))
+
+
+def test_bridge_document_is_reached_only_at_depth_two(index):
+    (one,) = plan_hits(index, SearchMode.GRAPH, [BRIDGE], params=GraphParams(depth=1))
+    (two,) = plan_hits(index, SearchMode.GRAPH, [BRIDGE], params=GraphParams(depth=2))
+    # "Meet Corliss Archer" is one longer name: its chunk does not name "Corliss Archer" alone
+    assert [h.doc_id for h in one] == ["film"]
+    assert [h.doc_id for h in two][:2] == ["film", "temple"]
+    assert all(set(h.ranks) == {"graph"} for h in two)
+    assert [h.rank for h in two] == list(range(1, len(two) + 1))
+
+
+def test_graph_list_respects_filters_and_chunk_level(index):
+    where = parse_filter({"kind": "nature"})
+    (hits,) = plan_hits(index, SearchMode.GRAPH, ["Where is Mount Etna?"], where=where)
+    assert {h.doc_id for h in hits} == {"etna", "lava"}
+    (film,) = plan_hits(index, SearchMode.GRAPH, ["Kiss and Tell"], level=ResultLevel.CHUNK, top_k=10)
+    assert {h.chunk_id for h in film} >= {"film#0", "film#1"}
+
+
+def test_no_entity_in_the_query_leaves_hybrid_unchanged(index):
+    queries = ["rise and fall of sea levels", "molten rock"]
+    assert plan_hits(index, SearchMode.GRAPH, queries) == [[], []]
+    fused = plan_hits(index, SearchMode.HYBRID_GRAPH, queries)
+    hybrid = plan_hits(index, SearchMode.HYBRID, queries)
+    assert [[(h.chunk_id, h.score, dict(h.ranks)) for h in q] for q in fused] == [[(h.chunk_id, h.score, dict(h.ranks)) for h in q] for q in hybrid]
+
+
+def test_hybrid_graph_adds_the_graph_rank_to_rrf(index):
+    (hybrid,) = plan_hits(index, SearchMode.HYBRID, [BRIDGE], top_k=6)
+    (graph,) = plan_hits(index, SearchMode.GRAPH, [BRIDGE], top_k=6)
+    (fused,) = plan_hits(index, SearchMode.HYBRID_GRAPH, [BRIDGE], top_k=6)
+    k = FusionParams().rrf_k
+    graph_rank = {h.doc_id: h.rank for h in graph}
+    for hit in fused:
+        expected = sum(1.0 / (k + r) for name, r in hit.ranks.items() if name in ("bm25", "dense"))
+        expected += 1.0 / (k + graph_rank[hit.doc_id]) if hit.doc_id in graph_rank else 0.0
+        assert hit.score == pytest.approx(expected, rel=1e-9)
+        assert hit.ranks.get("graph") == graph_rank.get(hit.doc_id)
+    assert {h.doc_id for h in fused} >= {"temple"} and len(hybrid) == 6
+
+
+def test_graph_modes_without_a_graph_are_refused(tmp_path):
+    chunks_ = chunks()
+    vectors = np.full((len(chunks_), DIM), 1 / np.sqrt(DIM), dtype=np.float32)
+    root = tmp_path / "index"
+    publish_shards(IndexDirectory(root), chunks_, vectors, load_settings().params().index,
+                   {"name": "random", "provider": "test", "dim": DIM, "max_length": 64})
+    pipeline = Pipeline.open(root, None)
+    assert pipeline.graph is None
+    with pytest.raises(StrategyError) as raised:
+        pipeline.search(BRIDGE, SearchMode.GRAPH)
+    assert (raised.value.field, str(raised.value)) == ("retrieval_strategy", GRAPH_MISSING)
+    folder, graph, built = ensure_graph(root)
+    assert built and folder.parent == IndexDirectory(root).load().path
+    assert ensure_graph(root)[2] is False
+    hits = Pipeline.open(root, None).search(BRIDGE, SearchMode.GRAPH)
+    assert hits[0].doc_id == "film"
+
+
+def test_a_graph_of_other_shards_is_refused(index):
+    loaded = IndexDirectory(index).load()
+    graph = ensure_graph(index)[1]
+    with pytest.raises(IndexLoadError, match="does not match the loaded shards"):
+        GraphSearch(graph, [loaded.shards[0].store], [loaded.shard_ids[0]])
+
+
+def test_all_found_recall_needs_every_relevant_document(tmp_path):
+    run = {"q1": [("a", 3.0), ("b", 2.0), ("c", 1.0)], "q2": [("a", 3.0), ("x", 2.0), ("y", 1.5), ("b", 1.0)]}
+    path = write_run(tmp_path / "run.trec", run, tag="t")
+    qrels = {"q1": {"a": 1, "b": 1}, "q2": {"a": 1, "b": 1}, "q3": {"z": 1, "w": 1}}
+    assert score_all_found(path, qrels, (2, 4)) == {"R_all@2": pytest.approx(1 / 3), "R_all@4": pytest.approx(2 / 3)}
