@@ -34,7 +34,10 @@ from llmframe_ray.models.embedder import load_embedder  # noqa: E402
 from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
 from llmframe_ray.types import SearchMode  # noqa: E402
 
-SEEDS = {"all": (TITLE, QUOTED, NAME, PHRASE), "names": (TITLE, QUOTED, NAME)}
+SEEDS = {  # seed types, and the fewest words a NAME seed has
+    "all": ((TITLE, QUOTED, NAME, PHRASE), 1), "names": ((TITLE, QUOTED, NAME), 1), "names2": ((TITLE, QUOTED, NAME), 2),
+    "titles": ((TITLE, QUOTED), 1),
+}
 
 
 def scores(path: Path, dataset) -> dict[str, float]:
@@ -48,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights", default="0.1,0.25,0.5,1.0")
     parser.add_argument("--depths", default="1,2")
-    parser.add_argument("--seeds", default="all,names")
+    parser.add_argument("--seeds", default="all,names,names2,titles")
     args = parser.parse_args()
     params = load_settings().params()
     embedder = load_embedder(params.embedder)
@@ -66,7 +69,7 @@ def main() -> None:
         print(f"\n{label(name, split, first)}: hybrid " + " ".join(f"{k} {v:.4f}" for k, v in base.items()))
         print(f"{'seeds':<6} {'depth':>5} {'weight':>6} {'nDCG@10':>8} {'delta':>7}" + ("  R_all@10  delta" if "R_all@10" in base else ""))
         for seed, depth in itertools.product(seeds, depths):
-            graph_params = GraphParams(depth=depth, seed_types=SEEDS[seed])
+            graph_params = GraphParams(depth=depth, seed_types=SEEDS[seed][0], min_name_words=SEEDS[seed][1])
             pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, graph_params)
             for weight in weights:
                 fusion = replace(params.retrieval.fusion, weights={**params.retrieval.fusion.weights, "graph": weight})

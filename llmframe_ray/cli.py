@@ -94,6 +94,13 @@ def index_info(
         fields.update(documents.fields)
     typer.echo("namespaces: " + ", ".join(f"{ns} ({n} documents)" for ns, n in sorted(spaces.items())))
     typer.echo("metadata fields: " + (", ".join(sorted(fields)) or "none"))
+    graph_info = loaded.path / "graph" / "graph.json"
+    if graph_info.is_file():
+        graph = json.loads(graph_info.read_text(encoding="utf-8"))
+        sizes = ("chunks", "entities", "mentions", "relations", "communities", "levels")
+        typer.echo("knowledge graph: " + ", ".join(f"{graph.get(k)} {k}" for k in sizes) + f" (extractor {graph.get('extractor')})")
+    else:
+        typer.echo("knowledge graph: none (llmframe-ray graph build --index INDEX)")
 
 
 @app.command()
@@ -106,6 +113,7 @@ def ingest(
     adapt_reranker: Optional[Path] = typer.Option(None, "--adapt-reranker", help="Then train a reranker for this corpus from pseudo-queries (train-reranker --index INDEX --synthetic) into this folder."),
     adapt_teacher: Optional[Path] = typer.Option(None, "--adapt-teacher", help="With --adapt-reranker: a trained reranker folder to distil from."),
     adapt_layers: Optional[int] = typer.Option(None, "--adapt-layers", min=1, max=6, help="With --adapt-reranker: layers of MiniLM to keep (default all 6)."),
+    graph: Optional[bool] = typer.Option(None, "--graph/--no-graph", help="Build the new version's knowledge graph (entities, relations, communities) for the graph and hybrid-graph strategies. Default: if the previous version has one."),
 ) -> None:
     """Ingest with the Ray Data job: upsert documents, delete ids, publish a new version.
 
@@ -130,7 +138,7 @@ def ingest(
     params = _settings().params()
     try:
         result = run_ingest(sources or [], index, params, shards=shards, deletes=[internal_id(namespace, d) for d in delete or []],
-                            log=lambda line: typer.echo(line, err=True), namespace=namespace)
+                            log=lambda line: typer.echo(line, err=True), namespace=namespace, graph=graph)
     except (PlanError, DocumentReadError, IndexBusyError, ConfigError):
         raise  # bad arguments or input: exit 2 (main)
     except Exception as exc:  # the job itself failed: CURRENT still serves the previous version
@@ -140,6 +148,11 @@ def ingest(
         typer.echo(line, err=True)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
     typer.echo(f"{'published ' + result.version if result.version else 'no new version'} in {index} ({stages})")
+    if graph and result.version is None and result.exit_code in (0, 3):  # unchanged: the served version gets one
+        from llmframe_ray.graph.build import ensure_graph
+
+        folder, built_graph, built = ensure_graph(index)
+        typer.echo(f"knowledge graph {'built' if built else 'already there'}: {built_graph.sizes()}", err=True)
     if adapt_reranker is not None:  # the optional step: a reranker at home in this corpus
         _train_reranker(None, index, "train", adapt_reranker, adapt_teacher, 1000, layers=adapt_layers)
     raise typer.Exit(result.exit_code)
@@ -315,6 +328,26 @@ def serve_command(
     else:
         raise typer.BadParameter(f"unknown layout {layout!r}; valid layouts: local, dag", param_hint="--layout")
     serve_until_stopped(args, host, port, cpus, typer.echo)
+
+
+graph_app = typer.Typer(no_args_is_help=True, help="The knowledge graph of an index version (GraphRAG).")
+app.add_typer(graph_app, name="graph")
+
+
+@graph_app.command("build")
+def graph_build(
+    index: Path = typer.Option(..., "--index", help="Index directory."),
+    version: Optional[str] = typer.Option(None, "--version", help="Index version (default: the served one)."),
+    rebuild: bool = typer.Option(False, "--rebuild", help="Build it again even if the version has one."),
+) -> None:
+    """Build the knowledge graph of an index version and store it in the version."""
+    from llmframe_ray.graph.build import ensure_graph
+
+    folder, graph, built = ensure_graph(index, version, rebuild=rebuild)
+    info = graph.info
+    typer.echo(f"{'built' if built else 'already built'}: {folder}")
+    typer.echo("sizes: " + ", ".join(f"{k} {v}" for k, v in graph.sizes().items()))
+    typer.echo(f"extractor {info.get('extractor')}, extraction {info.get('extract_seconds')} s, build {info.get('build_seconds')} s")
 
 
 @app.command("mcp")

@@ -103,7 +103,8 @@ class Settings(PipelineSettings):
     bm25_weight: float = Field(1.0, ge=0, validation_alias=_env("BM25_WEIGHT"))
     dense_weight: float = Field(1.0, ge=0, validation_alias=_env("DENSE_WEIGHT"))
     fusion_depth: int = Field(200, ge=1, le=10000, validation_alias=_env("FUSION_DEPTH"))
-    graph_weight: float = Field(1.0, ge=0, validation_alias=_env("GRAPH_WEIGHT"))  # hybrid-graph's third list
+    # hybrid-graph's third list; 1.0 chosen on SciFact train + HotpotQA 1-100 (benchmarks/graph_sweep.py)
+    graph_weight: float = Field(1.0, ge=0, validation_alias=_env("GRAPH_WEIGHT"))
 
     # Reranking: a cross-encoder rescores the top `reranker_depth` hits
     reranker_enabled: bool = Field(False, validation_alias=_env("RERANKER_ENABLED", "RERANKER_ENABLED"))

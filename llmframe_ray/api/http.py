@@ -33,6 +33,7 @@ from llmframe_ray.api.openai_compat import ChatRequest
 from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
 from llmframe_ray.api.failures import BudgetExceededError, FieldError, NotFoundError, StageTimeoutError, StageUnavailableError
 from llmframe_ray.api.documents import DocumentsApi
+from llmframe_ray.api.graph_routes import add_graph_routes
 from llmframe_ray.api.tenants import index_view, scope
 from llmframe_ray.index.metadata import Filter
 from llmframe_ray.api.service import RagService, prepend
@@ -324,6 +325,7 @@ def create_app(service: RagService, keys: ApiKeys, documents: DocumentsApi | Non
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
+    add_graph_routes(app, service.stages, keys, auth)
     if documents is not None:
         documents.add_routes(app, keys, auth)
     limits = service.params.limits

@@ -62,8 +62,11 @@ class LocalStages:
         sessions: SessionParams,
         reranker: CrossEncoder | None = None,
     ) -> LocalStages:
+        from llmframe_ray.graph.search import GraphSearch
+
         loaded = IndexDirectory(index_dir).load()
         pipeline = Pipeline(loaded.shards, load_embedder(embedder), retrieval)
+        pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids)
         store = SessionStore(sessions.token_budget, sessions.max_sessions)
         return cls(index_dir, pipeline, loaded.version, reranker, provider_chain(providers), store)
 
@@ -129,6 +132,11 @@ class LocalStages:
 
     async def index_info(self) -> dict[str, Any]:
         return self.index.describe(self.version)
+
+    async def graph_query(self, method: str, args: dict[str, Any]) -> Any:
+        from llmframe_ray.graph.inspect import graph_query
+
+        return graph_query(self.pipeline.graph, method, args)
 
     async def reload(self) -> dict[str, Any]:
         return {"version": self.version, "switched": False, "reason": "the in-process app does not reload"}

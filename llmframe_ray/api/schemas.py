@@ -11,6 +11,7 @@ from llmframe_ray.generate.sessions import SESSION_ID, check_session_id
 from llmframe_ray.types import Answer, Hit
 
 Mode = Literal["bm25", "dense", "hybrid"]
+RankedBy = Literal["bm25", "dense", "hybrid", "graph", "hybrid-graph"]  # a response's mode (graph: retrieval_strategy)
 Level = Literal["document", "chunk"]
 
 
@@ -145,7 +146,7 @@ WARNINGS = Field(default_factory=list, description="Degraded answers say why (al
 
 class SearchResponse(BaseModel):
     version: str
-    mode: Mode
+    mode: RankedBy
     retrieval_strategy: Strategy
     level: Level
     reranked: bool
@@ -194,7 +195,7 @@ class AnswerOut(BaseModel):
 class QueryResponse(AnswerOut):
     session_id: str | None
     version: str
-    mode: Mode
+    mode: RankedBy
     retrieval_strategy: Strategy
     reranked: bool
     rewrites: list[str] = REWRITES

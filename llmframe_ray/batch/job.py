@@ -31,6 +31,7 @@ from llmframe_ray.index.metadata import DEFAULT_NAMESPACE
 from llmframe_ray.index.params import IndexParams
 from llmframe_ray.index.sparse import CorpusStats, corpus_info
 from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
+from llmframe_ray.graph.store import GRAPH_DIR
 from llmframe_ray.ingest.build import make_chunker
 from llmframe_ray.ingest.params import IngestParams
 from llmframe_ray.ingest.readers import resolve_sources
@@ -67,10 +68,12 @@ def ingest(
     log: Log = _stderr,
     namespace: str = DEFAULT_NAMESPACE,
     files: Sequence[SourceFile] = (),
+    graph: bool | None = None,
 ) -> IngestResult:
     """Run one ingestion into `index_dir` (see the module docstring). `sources` (files, folders,
     globs) go to `namespace`; `files` are already resolved, each with its own namespace;
-    `deletes` are stored ids (index/metadata.py: internal_id)."""
+    `deletes` are stored ids (index/metadata.py: internal_id). `graph`: build the new version's
+    knowledge graph (graph/store.py); None: if the previous version has one."""
     files = [
         *(SourceFile(str(path), doc_id, namespace=namespace) for path, doc_id in (resolve_sources(sources) if sources else [])),
         *files,
@@ -92,8 +95,10 @@ def ingest(
             if problem is not None:
                 raise PlanError(f"{problem}; use a new index directory")
         staging = Staging(directory.root, staging_key(model, chunking, n_shards))
+        if graph is None:
+            graph = previous is not None and (previous.path / GRAPH_DIR).is_dir()
         with ray_session(params.ingest.local_cpus):
-            result = _run(files, directory, previous, n_shards, list(deletes), params, model, staging, log)
+            result = _run(files, directory, previous, n_shards, list(deletes), params, model, staging, log, graph)
         if result.version is not None or not (result.plan and result.plan.changes_anything):
             staging.clear()
         atomic.write_json(directory.root / REPORT_FILE, result.report())
@@ -117,7 +122,7 @@ def _shard_count(previous, shards: int | None) -> int:
 
 
 def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: list[str], params: Params,
-         model: dict, staging: Staging, log: Log) -> IngestResult:
+         model: dict, staging: Staging, log: Log, graph: bool = False) -> IngestResult:
     result = IngestResult(directory.root, None, None)
     clock = time.perf_counter()
 
@@ -157,7 +162,7 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
     version, tmp = directory.stage()
     try:
         return _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
-                                 params.index, model, n_shards, clock, log, params.ingest.cpu_scale)
+                                 params.index, model, n_shards, clock, log, params.ingest.cpu_scale, graph)
     except BaseException:
         import shutil
 
@@ -167,7 +172,7 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
 
 
 def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
-                      index: IndexParams, model, n_shards, clock, log, scale: float = 1.0) -> IngestResult:
+                      index: IndexParams, model, n_shards, clock, log, scale: float = 1.0, graph: bool = False) -> IngestResult:
     import ray
 
     old_dirs = {}
@@ -198,6 +203,11 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
             built[sp.shard] = carry.remote(old_dirs[sp.shard], target, corpus)
     result.shard_counts = dict(zip(built, ray.get(list(built.values()))))
     result.seconds["build"] = time.perf_counter() - clock
+    if graph:  # over the new version's shards, before it is published: part of the version
+        clock = time.perf_counter()
+        sizes = ray.get(ray.remote(num_cpus=scale)(_graph_task).remote(str(tmp), sorted(built)))
+        result.seconds["graph"] = time.perf_counter() - clock
+        log("knowledge graph: " + ", ".join(f"{v} {k}" for k, v in sizes.items()))
 
     clock = time.perf_counter()
     import shutil
@@ -329,6 +339,16 @@ def _finish_task(part_dir, target, corpus, index, model):
     from llmframe_ray.batch.build import finish_shard
 
     return finish_shard(part_dir, target, corpus, index, model)
+
+
+def _graph_task(version_dir, shard_ids):
+    from llmframe_ray.graph.store import build_graph, index_chunks
+    from llmframe_ray.index.shard import IndexShard
+
+    shards = [(i, IndexShard.load(Path(version_dir) / shard_dir_name(i))) for i in shard_ids]
+    graph = build_graph(index_chunks(shards))
+    graph.save(Path(version_dir) / GRAPH_DIR)
+    return graph.sizes()
 
 
 def _carry_task(old_dir, target, corpus):

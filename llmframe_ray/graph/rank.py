@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from llmframe_ray.graph.extract import NAME, PHRASE, QUOTED, TITLE, OfflineExtractor, match_known
+from llmframe_ray.graph.extract import NAME, QUOTED, TITLE, OfflineExtractor, match_known
 from llmframe_ray.graph.store import KnowledgeGraph
 
 
@@ -32,7 +32,12 @@ class GraphParams:
     depth: int = 2
     hop_decay: float = 0.5
     max_seeds: int = 16
-    seed_types: tuple[str, ...] = (TITLE, QUOTED, NAME, PHRASE)  # entity types a query may seed
+    # Entity types a query's seeds may have: titles (an entity that some chunk's document is
+    # titled by) and quoted names. Chosen on the tuning queries (SciFact train, HotpotQA 1-100;
+    # benchmarks/graph_sweep.py): seeding with every name, or with phrases too, lost more on
+    # SciFact and gained less on HotpotQA; with titles, SciFact moved by 0.001 at any weight.
+    seed_types: tuple[str, ...] = (TITLE, QUOTED)
+    min_name_words: int = 1  # a NAME seed needs at least this many words (titles and quotes any)
 
     def __post_init__(self) -> None:
         if not 1 <= self.depth <= 4:
@@ -61,11 +66,19 @@ class GraphRanker:
         self.multi = {key: i for key, i in self.ids.items() if " " in key}
         self.single = {key: i for key, i in self.ids.items() if " " not in key and graph.types[i] in (TITLE, NAME, QUOTED)}
 
+    def named(self, query: str) -> list[int]:
+        """Every known entity the query names, in the order found."""
+        named = [self.ids[m.key] for m in self.extractor.extract(query) if m.key in self.ids]
+        named.extend(match_known(query, self.multi, single=self.single))
+        return list(dict.fromkeys(named))
+
     def seeds(self, query: str) -> dict[int, float]:
-        """The query's entities and their weights (idf), the strongest `max_seeds`."""
-        named = {self.ids[m.key] for m in self.extractor.extract(query) if m.key in self.ids}
-        named.update(match_known(query, self.multi, single=self.single))
-        named = {e for e in named if self.graph.types[e] in self.params.seed_types}
+        """The query's entities of the seed types and their weights (idf), the strongest `max_seeds`."""
+        types, keys, shortest = self.graph.types, self.graph.keys, self.params.min_name_words
+        named = {
+            e for e in self.named(query)
+            if types[e] in self.params.seed_types and (types[e] != NAME or keys[e].count(" ") + 1 >= shortest)
+        }
         ranked = sorted(named, key=lambda e: (-self.idf[e], e))[: self.params.max_seeds]
         return {e: float(self.idf[e]) for e in ranked}
 

@@ -110,6 +110,13 @@ class ShardCache:
         loaded = await self.version(version)
         return [EMPTY if loaded[n] is None else ShardFacts.of(loaded[n]) for n in self.shards]
 
+    async def graph_query(self, version: str, method: str, args: dict[str, Any]) -> Any:
+        """Inspect the version's knowledge graph (graph/inspect.py); None when it has none."""
+        from llmframe_ray.graph.inspect import graph_query
+
+        await self.version(version)
+        return graph_query(self._graphs.get(version), method, args)
+
     def loaded_versions(self) -> list[str]:
         return list(self._loaded)
 

@@ -164,6 +164,11 @@ class ServeStages:
             return self.retriever.index_info()
         return await self._call("retriever", lambda: self.retriever.index_info.remote())
 
+    async def graph_query(self, method: str, args: dict[str, Any]) -> Any:
+        if isinstance(self.retriever, RetrieverCore):
+            return await self._call("retriever", lambda: self.retriever.graph_query(method, args))
+        return await self._call("retriever", lambda: self.retriever.graph_query.remote(method, args))
+
     async def reload(self) -> dict[str, Any]:
         if isinstance(self.retriever, RetrieverCore):
             return await self.retriever.reload()

@@ -10,12 +10,12 @@ Where the work runs is the deployment file's choice (serve/app.py: AppArgs): the
 in this process or in the QueryEncoder deployment; the shards in this process or in ShardGroup
 deployments, each holding one or more shards with both rankers.
 
-It also decides which index version is served. At start it serves CURRENT; a watcher (every
-LLMFRAME_INDEX_WATCH_INTERVAL_S seconds; 0 turns it off) or a reload call switches to a newly
-published version once every shard group has loaded it and it passes the same checks as at
-start. Each batch keeps the version it started with, so in-flight requests finish on the old
-version while new ones use the new. A version that fails the checks is not served; the reason is
-reported by `index_info` (GET /v1/index) and the app keeps serving the version it had.
+It decides which index version is served: CURRENT at start; then a watcher (every
+LLMFRAME_INDEX_WATCH_INTERVAL_S s; 0: off) or a reload switches to a new version once every shard
+group has loaded it and it passes the start checks. A batch keeps the version it started with. A
+version that fails the checks is not served (`index_info`, GET /v1/index, says why). The
+knowledge graph's ranker is answered by the group holding every shard, or here where the shards
+are spread over several groups.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from llmframe_ray.models.embedder import EmbedderParams, check_query_text, embed
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.facts import ShardFacts, bm25_consistency_problem
 from llmframe_ray.retrieve.plan import Request, ResultLevel, SearchGraph, retrieval_plan, run_plan_async
+from llmframe_ray.graph.inspect import graph_query as answer_graph
+from llmframe_ray.graph.search import open_for_version
 from llmframe_ray.retrieve.shard_cache import ShardCache, answer_all
 from llmframe_ray.serve.activity import MachineSearches
 from llmframe_ray.serve.replica import BatchStats, replica_threads, unwrap, with_replica_threads
@@ -59,9 +61,7 @@ class Served:
 
 
 @dataclass(frozen=True)
-class Ask:
-    """One search request of a batch."""
-
+class Ask:  # one search request of a batch
     query: str  # checked: stripped, not empty
     mode: SearchMode
     level: ResultLevel
@@ -80,8 +80,7 @@ class Group:
 
 @dataclass(frozen=True)
 class RetrieverArgs:
-    """What a Retriever is built from (the Retriever deployment's arguments; the Ingress builds
-    one in its own process from these when the app puts retrieval there)."""
+    """What a Retriever is built from (its deployment's arguments, or the Ingress's for one in its process)."""
 
     encoder: DeploymentHandle | EmbedderParams  # the QueryEncoder, or the model to load here
     groups: Sequence[tuple[Sequence[int], DeploymentHandle | None]]  # None: shards held here
@@ -240,8 +239,8 @@ class RetrieverCore:
             return [unwrap(exc)] * len(queries)
 
     async def embed_texts(self, texts: list[str]) -> list[np.ndarray | None]:
-        """Unit vectors of short texts (the sentences that contextual compression scores, cut
-        to the model's length by the caller): one model call; None for a text it cannot take."""
+        """Unit vectors of short texts (compression's sentences, cut to the model's length by the
+        caller), one model call; None for a text it cannot take."""
         local = self.embedder is not None
         encoded = await (asyncio.to_thread(embed_each, self.embedder, texts) if local else self._encode(texts))
         return [None if isinstance(v, BaseException) else v for v in encoded]
@@ -297,16 +296,12 @@ class RetrieverCore:
             model = self.embedder.info() if self.embedder is not None else await self.encoder.model.remote()
         except Exception as exc:
             raise unwrap(exc) from None
-        facts: dict[int, ShardFacts] = {}
-        for group, group_facts in zip(self.groups, described):
-            facts.update(zip(group.shards, group_facts))
+        facts = {s: f for group, group_facts in zip(self.groups, described) for s, f in zip(group.shards, group_facts)}
         ordered = tuple(facts[s] for s in range(self.n_shards))
         for shard in ordered:
             if shard.size:
                 check_model(shard.model, model)
-        if len(self.groups) > 1:  # a group holding every shard holds the graph (retrieve/shard_cache.py)
-            from llmframe_ray.graph.search import open_for_version
-
+        if len(self.groups) > 1:  # else the group holding every shard holds the graph
             graph = await asyncio.to_thread(open_for_version, self.args.index_dir, version)
             kept = getattr(getattr(self, "served", None), "version", None)  # the one in use stays
             self.graphs = {**{v: g for v, g in self.graphs.items() if v == kept}, version: graph}
@@ -360,6 +355,11 @@ class RetrieverCore:
 
     def index_info(self) -> dict[str, Any]:
         return {**self.index.describe(self.served.version), "problem": self.problem}
+
+    async def graph_query(self, method: str, args: dict[str, Any]) -> Any:
+        if len(self.groups) > 1:
+            return answer_graph(self.graphs.get(self.served.version), method, args)
+        return await self._group_call(self.groups[0], "graph_query", self.served.version, method, args)
 
     def batch_stats(self) -> dict[str, float]:
         return {**self.stats.as_dict(), "pending": self.pending, "shed": self.shed, "solo": self.solo}

@@ -14,6 +14,8 @@ import httpx_sse
 import pytest
 
 from llmframe_ray.config import load_settings
+from llmframe_ray.graph.build import ensure_graph
+from llmframe_ray.graph.search import GraphSearch
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.cross_encoder import CrossEncoder
@@ -73,6 +75,7 @@ def app(tmp_path_factory, model_dir, tiny_reranker_dir):
     }
     index_dir = tmp_path_factory.mktemp("serve") / "index"
     build_index(DOCS, index_dir, load_settings(**overrides).params().index, OnnxEmbedder(model_dir, threads=2), shards=2)
+    ensure_graph(index_dir)  # one shard per group: the Retriever holds the graph
     # a card whose training corpus sits at cosine 0.8 from this index: fused with weight 0.8,
     # which the served app learns from the Reranker's card and the Retriever's centroid
     overrides["reranker_model"] = str(reranker_at(tiny_reranker_dir, index_dir, 0.8, tmp_path_factory.mktemp("ce")))
@@ -178,6 +181,22 @@ def test_advanced_pipeline_over_serve_equals_in_process(app, client, model_dir, 
     assert "compress" in squeezed.json()["timings_ms"]
     follow = client.post("/v1/query", headers=AUTH, json={"question": "and its moons?", "session_id": "adv-1", "query_rewrite": "conversational"})
     assert follow.status_code == 200 and follow.json()["rewrites"] == []  # a new session: nothing to carry
+
+
+def test_graph_strategies_over_serve_equal_in_process(app, client, model_dir, tiny_reranker_dir):
+    """Shards spread over two ShardGroups: the Retriever answers the graph ranker itself, with
+    document ids as keys, and fuses its list with the groups' lists as the in-process pipeline does."""
+    pipeline, version = in_process(app, model_dir, tiny_reranker_dir)
+    loaded = IndexDirectory(app.index_dir).load()
+    pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids)
+    for query in QUERIES:
+        for strategy in ("graph", "hybrid-graph"):
+            body = {"query": query, "retrieval_strategy": strategy, "top_k": 5}
+            assert served_hits(client.post("/v1/search", headers=AUTH, json=body)) == local_hits(pipeline.search(query, strategy, 5)), (strategy, query)
+    entity = client.get("/v1/graph/entities", headers=AUTH, params={"q": "Mauna Loa"}).json()["entities"][0]
+    detail = client.get(f"/v1/graph/entity/{entity['id']}", headers=AUTH).json()
+    assert [m["doc_id"] for m in detail["mentions"]] == ["volcano"]
+    assert "Hawaii" in {n["name"] for n in detail["neighbours"]}
 
 
 def test_errors_over_http(client):

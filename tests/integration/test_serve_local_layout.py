@@ -10,6 +10,8 @@ import httpx
 import pytest
 
 from llmframe_ray.config import load_settings
+from llmframe_ray.graph.build import ensure_graph
+from llmframe_ray.graph.search import GraphSearch
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
@@ -25,6 +27,7 @@ def served(tmp_path_factory, model_dir):
     overrides = {"api_secret_key": KEY, "fusion_depth": 10, "index_watch_interval_s": 0}
     index_dir = tmp_path_factory.mktemp("local") / "index"
     build_index(DOCS, index_dir, load_settings(**overrides).params().index, OnnxEmbedder(model_dir, threads=2), shards=2)
+    ensure_graph(index_dir)  # the graph strategies, answered where every shard is held
     with running_app(index_dir, overrides, local=True) as url, httpx.Client(base_url=url, timeout=60) as client:
         yield client, index_dir, overrides
 
@@ -41,11 +44,19 @@ def test_search_equals_in_process_pipeline(served, model_dir):
     client, index_dir, overrides = served
     loaded = IndexDirectory(index_dir).load()
     pipeline = Pipeline(loaded.shards, OnnxEmbedder(model_dir, threads=1), load_settings(**overrides).params().retrieval)
+    pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids)
     for mode in ("bm25", "dense", "hybrid"):
         for query in QUERIES:
             response = client.post("/v1/search", headers=AUTH, json={"query": query, "mode": mode, "top_k": 5})
             assert response.json()["version"] == loaded.version
             assert served_hits(response) == local_hits(pipeline.search(query, mode, 5)), (mode, query)
+    for strategy in ("graph", "hybrid-graph"):
+        for query in QUERIES:
+            response = client.post("/v1/search", headers=AUTH, json={"query": query, "retrieval_strategy": strategy, "top_k": 5})
+            assert served_hits(response) == local_hits(pipeline.search(query, strategy, 5)), (strategy, query)
+    assert any(pipeline.search(q, "graph", 5) for q in QUERIES)  # some queries name entities
+    found = client.get("/v1/graph/entities", headers=AUTH, params={"q": "Gulf Stream"}).json()["entities"]
+    assert found[0]["name"] == "Gulf Stream"
 
 
 def test_concurrent_requests_with_a_bad_query_among_them(served):

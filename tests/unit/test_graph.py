@@ -139,7 +139,9 @@ def test_walk_scores_are_the_matrix_walk(index):
     hop3 = hop2 @ to_entities @ to_chunks
     expected = hop1 + 0.5 * hop2 + 0.25 * hop3
     assert np.allclose(ranker.scores([BRIDGE]).toarray()[0], expected)
-    assert set(ranker.seeds(BRIDGE)) == {graph.entity_ids()[k] for k in ("kiss and tell", "corliss archer")}
+    ids = graph.entity_ids()
+    assert set(ranker.seeds(BRIDGE)) == {ids["kiss and tell"]}  # a title; "Corliss Archer" is a name
+    assert set(GraphRanker(graph, GraphParams(seed_types=("title", "name"))).seeds(BRIDGE)) == {ids["kiss and tell"], ids["corliss archer"]}
 
 
 def plan_hits(index, mode, queries, level=ResultLevel.DOCUMENT, top_k=5, where=None, params=None):
@@ -223,3 +225,68 @@ def test_all_found_recall_needs_every_relevant_document(tmp_path):
     path = write_run(tmp_path / "run.trec", run, tag="t")
     qrels = {"q1": {"a": 1, "b": 1}, "q2": {"a": 1, "b": 1}, "q3": {"z": 1, "w": 1}}
     assert score_all_found(path, qrels, (2, 4)) == {"R_all@2": pytest.approx(1 / 3), "R_all@4": pytest.approx(2 / 3)}
+
+
+KEY = "graph-test-key-0123456"
+AUTH = {"X-API-Key": KEY}
+
+
+def http_client(index_dir, graph=True):
+    from fastapi.testclient import TestClient
+
+    from llmframe_ray.api.auth import ApiKeys
+    from llmframe_ray.api.http import create_app
+    from llmframe_ray.api.local import LocalStages
+    from llmframe_ray.api.service import RagService
+
+    settings = load_settings(api_secret_key=KEY, llm_providers="extractive")
+    if graph:
+        ensure_graph(index_dir)
+    pipeline = Pipeline.open(index_dir, None, settings.params().retrieval)
+    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version())
+    return TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))), pipeline
+
+
+def test_graph_strategy_and_inspection_over_http(index):
+    from tests.unit.test_http_api import as_dicts
+
+    client, pipeline = http_client(index)
+    with client:
+        got = client.post("/v1/search", headers=AUTH, json={"query": BRIDGE, "retrieval_strategy": "graph", "top_k": 3})
+        assert got.status_code == 200, got.text
+        assert (got.json()["retrieval_strategy"], got.json()["hits"]) == ("graph", as_dicts(pipeline.search(BRIDGE, SearchMode.GRAPH, 3)))
+        assert [h["doc_id"] for h in got.json()["hits"]][:2] == ["film", "temple"]
+
+        found = client.get("/v1/graph/entities", headers=AUTH, params={"q": "Corliss Archer"}).json()["entities"]
+        ids = pipeline.graph.graph.entity_ids()
+        assert found[0] == {"id": ids["corliss archer"], "name": "Corliss Archer", "type": "name", "key": "corliss archer", "chunks": 1}
+        assert {e["name"] for e in found} == {"Corliss Archer", "Meet Corliss Archer"}  # named, then by substring
+
+        temple = client.get(f"/v1/graph/entity/{ids['shirley templ']}", headers=AUTH).json()
+        assert [m["chunk_id"] for m in temple["mentions"]] == ["temple#0", "film#0"]  # its own chunk (title) first
+        assert {n["name"]: n["weight"] for n in temple["neighbours"]}["Corliss Archer"] == 1
+        assert all(ids["shirley templ"] in c["entities"] or c["size"] > len(c["entities"]) for c in temple["communities"])
+
+        other = client.get(f"/v1/graph/entity/{ids['shirley templ']}", headers=AUTH, params={"namespace": "someone-else"})
+        assert other.status_code == 404
+        assert other.json()["error"] == {"type": "not_found", "message": f"no entity {ids['shirley templ']} in the served version's knowledge graph", "field": None}
+        assert client.get("/v1/graph/entities", headers=AUTH, params={"q": "Shirley", "namespace": "someone-else"}).json()["entities"] == []
+        assert client.get("/v1/graph/entities", params={"q": "Shirley"}).status_code == 401
+
+
+def test_graph_routes_without_a_graph_are_404(tmp_path):
+    from llmframe_ray.api.graph_routes import NO_GRAPH
+
+    all_chunks = chunks()
+    vectors = np.full((len(all_chunks), DIM), 1 / np.sqrt(DIM), dtype=np.float32)
+    root = tmp_path / "index"
+    publish_shards(IndexDirectory(root), all_chunks, vectors, load_settings().params().index,
+                   {"name": "random", "provider": "test", "dim": DIM, "max_length": 64})
+    client, _ = http_client(root, graph=False)
+    with client:
+        for path in ("/v1/graph/entities?q=Etna", "/v1/graph/entity/0"):
+            response = client.get(path, headers=AUTH)
+            assert (response.status_code, response.json()["error"]) == (404, {"type": "no_graph", "message": NO_GRAPH, "field": None})
+        response = client.post("/v1/search", headers=AUTH, json={"query": "Etna", "retrieval_strategy": "graph"})
+        assert response.status_code == 422
+        assert response.json()["error"]["field"] == "retrieval_strategy"
