@@ -25,7 +25,7 @@ from llmframe_ray.eval.runner import multi_hop, run_mode  # noqa: E402
 from llmframe_ray.eval.trec import score_all_found, score_run, write_run  # noqa: E402
 from llmframe_ray.graph.build import ensure_graph  # noqa: E402
 from llmframe_ray.graph.extract import NAME, PHRASE, QUOTED, TITLE  # noqa: E402
-from llmframe_ray.graph.rank import GraphParams  # noqa: E402
+from llmframe_ray.graph.params import GraphParams  # noqa: E402
 from llmframe_ray.graph.search import GraphSearch  # noqa: E402
 from llmframe_ray.eval.runner import cached_index  # noqa: E402
 from llmframe_ray.ingest.build import stderr_progress  # noqa: E402
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--weights", default="0.1,0.25,0.5,1.0")
     parser.add_argument("--depths", default="1,2")
     parser.add_argument("--seeds", default="all,names,names2,titles")
+    parser.add_argument("--max-seed-chunks", default="none", help="Comma-separated caps (none: no cap).")
     args = parser.parse_args()
     params = load_settings().params()
     embedder = load_embedder(params.embedder)
@@ -67,16 +68,17 @@ def main() -> None:
         loaded = IndexDirectory(root).load()
         base = scores(write_run(out / f"{name}-hybrid.trec", run_mode(pipeline, dataset, SearchMode.HYBRID), "hybrid"), dataset)
         print(f"\n{label(name, split, first)}: hybrid " + " ".join(f"{k} {v:.4f}" for k, v in base.items()))
-        print(f"{'seeds':<6} {'depth':>5} {'weight':>6} {'nDCG@10':>8} {'delta':>7}" + ("  R_all@10  delta" if "R_all@10" in base else ""))
-        for seed, depth in itertools.product(seeds, depths):
-            graph_params = GraphParams(depth=depth, seed_types=SEEDS[seed][0], min_name_words=SEEDS[seed][1])
+        print(f"{'seeds':<6} {'depth':>5} {'cap':>5} {'weight':>6} {'nDCG@10':>8} {'delta':>7}" + ("  R_all@10  delta" if "R_all@10" in base else ""))
+        caps = [None if c == "none" else int(c) for c in args.max_seed_chunks.split(",")]
+        for seed, depth, cap in itertools.product(seeds, depths, caps):
+            graph_params = GraphParams(depth=depth, seed_types=SEEDS[seed][0], min_name_words=SEEDS[seed][1], max_seed_chunks=cap)
             pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, graph_params)
             for weight in weights:
                 fusion = replace(params.retrieval.fusion, weights={**params.retrieval.fusion.weights, "graph": weight})
                 pipeline.retrieval = replace(params.retrieval, fusion=fusion)
                 run = run_mode(pipeline, dataset, SearchMode.HYBRID_GRAPH)
-                got = scores(write_run(out / f"{name}-{seed}-{depth}-{weight}.trec", run, "hybrid-graph"), dataset)
-                line = f"{seed:<6} {depth:>5} {weight:>6} {got['nDCG@10']:>8.4f} {got['nDCG@10'] - base['nDCG@10']:>+7.4f}"
+                got = scores(write_run(out / f"{name}-{seed}-{depth}-{cap}-{weight}.trec", run, "hybrid-graph"), dataset)
+                line = f"{seed:<6} {depth:>5} {str(cap):>5} {weight:>6} {got['nDCG@10']:>8.4f} {got['nDCG@10'] - base['nDCG@10']:>+7.4f}"
                 if "R_all@10" in got:
                     line += f"  {got['R_all@10']:>8.4f} {got['R_all@10'] - base['R_all@10']:>+6.4f}"
                 print(line, flush=True)

@@ -37,6 +37,7 @@ from llmframe_ray.models.embedder import EmbedderParams, EmbeddingProvider, Open
 from llmframe_ray.models.runtime import available_threads
 from llmframe_ray.models.sources import RerankerModelParams
 from llmframe_ray.retrieve.params import RetrievalParams
+from llmframe_ray.graph.params import GraphParams
 from llmframe_ray.retrieve.plan import BM25, DENSE, GRAPH, FusionParams
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.types import SearchMode
@@ -105,6 +106,8 @@ class Settings(PipelineSettings):
     fusion_depth: int = Field(200, ge=1, le=10000, validation_alias=_env("FUSION_DEPTH"))
     # hybrid-graph's third list; 1.0 chosen on SciFact train + HotpotQA 1-100 (benchmarks/graph_sweep.py)
     graph_weight: float = Field(1.0, ge=0, validation_alias=_env("GRAPH_WEIGHT"))
+    graph_depth: int = Field(2, ge=1, le=4, validation_alias=_env("GRAPH_DEPTH"))  # hops of the graph ranker's walk
+    graph_max_seed_chunks: int = Field(20, ge=1, validation_alias=_env("GRAPH_MAX_SEED_CHUNKS"))
 
     # Reranking: a cross-encoder rescores the top `reranker_depth` hits
     reranker_enabled: bool = Field(False, validation_alias=_env("RERANKER_ENABLED", "RERANKER_ENABLED"))
@@ -277,6 +280,7 @@ class Settings(PipelineSettings):
                 ),
                 hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe,
                 verify_on_load=self.index_verify_on_load, max_pending=self.max_pending_searches,
+                graph=GraphParams(depth=self.graph_depth, max_seed_chunks=self.graph_max_seed_chunks),
             ),
             rerank=rerank,
             reranker_model=RerankerModelParams(

@@ -66,7 +66,7 @@ class LocalStages:
 
         loaded = IndexDirectory(index_dir).load()
         pipeline = Pipeline(loaded.shards, load_embedder(embedder), retrieval)
-        pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids)
+        pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, retrieval.graph)
         store = SessionStore(sessions.token_budget, sessions.max_sessions)
         return cls(index_dir, pipeline, loaded.version, reranker, provider_chain(providers), store)
 

@@ -33,6 +33,7 @@ from llmframe_ray.types import Hit, SearchMode
 logger = logging.getLogger(__name__)
 
 SENTENCE_CACHE = 20_000  # sentence vectors kept for compression (384 floats each: about 30 MB)
+COMMUNITIES = 2  # community summaries appended with include_communities
 RERANK_SKIPPED = "the reranker is unavailable: hits are in first-stage order (reranked: false)"
 
 
@@ -53,6 +54,7 @@ class Ask:
     history: tuple[Message, ...] = ()
     budget_tokens: int | None = None
     threshold: float | None = None
+    communities: bool = False
 
     @classmethod
     def of(cls, request: Any, field: str, text: str, level: ResultLevel, where: Filter | None,
@@ -61,7 +63,7 @@ class Ask:
         return cls(
             field, text, request.mode, level, request.top_k, request.rerank, where, request.retrieval_strategy,
             request.alpha, request.query_rewrite, tuple(history), request.compression_budget_tokens,
-            request.compression_threshold,
+            request.compression_threshold, request.include_communities,
         )
 
 
@@ -152,11 +154,27 @@ class Ranking:
             hits, spent = await self._compress(main, hits, ask, warnings)
             usage = spent if usage is None else usage if spent is None else usage + spent
             timings["compress"] = ms(start)
+        if ask.communities:
+            start = time.perf_counter()
+            hits = [*hits, *await self._communities(main, ask, len(hits))]
+            timings["communities"] = ms(start)
         rewrites = tuple(q for q in queries if q != ask.text)
         return Ranked(
             retrieved.version, plan.mode, rerank, hits, with_total(timings), tuple(warnings), plan.strategy,
             rewrites, usage,
         )
+
+    async def _communities(self, question: str, ask: Ask, after: int) -> list[Hit]:
+        """The graph's community summaries for the question's entities, as passages after the hits."""
+        found = await self.stages.graph_query("communities", {"q": question, "limit": COMMUNITIES, "where": ask.where})
+        if found is None:
+            raise FieldError("include_communities", "needs a knowledge graph in the served index version, and it has none "
+                             "(build one with `llmframe-ray graph build`)")
+        return [
+            Hit(f"community:{c['id']}", f"community:{c['id']}", c["summary"], 0.0, after + rank,
+                f"Community: {c['title']}", {"community": rank}, {"level": c["level"], "entities": c["entities"]})
+            for rank, c in enumerate(found, 1)
+        ]
 
     async def _rewrite(self, kind: QueryRewrite, ask: Ask) -> Rewrite:
         try:

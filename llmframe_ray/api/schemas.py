@@ -83,6 +83,12 @@ class PipelineFields(BaseModel):
     compression_threshold: float | None = Field(
         None, description="retrieval_strategy compressed: also keep every sentence scoring at least this.",
     )
+    include_communities: bool = Field(
+        False, description=(
+            "Append the knowledge graph's community summaries for the entities the question names after the "
+            "top_k hits (doc_id community:<id>), as context an answer can cite. Needs a knowledge graph."
+        ),
+    )
 
 
 class SearchRequest(PipelineFields):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from llmframe_ray.graph.extract import OfflineExtractor
 from llmframe_ray.graph.store import GRAPH_DIR, KnowledgeGraph, build_graph, index_chunks
 from llmframe_ray.index.versions import IndexDirectory
 
@@ -18,12 +19,15 @@ def ensure_graph(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[Path, KnowledgeGraph, bool]:
     """The graph of `version` (default: the served one), built and stored there if it has
-    none yet (or `rebuild`): (its folder, the graph, whether it was built now)."""
+    none yet, one by another extractor version, or `rebuild`: (its folder, the graph, whether
+    it was built now)."""
     index = IndexDirectory(index_dir)
     loaded = index.load(version)
     directory = loaded.path / GRAPH_DIR
     if directory.is_dir() and not rebuild:
-        return directory, KnowledgeGraph.load(directory), False
+        graph = KnowledgeGraph.load(directory)
+        if graph.info.get("extractor") == OfflineExtractor.name:
+            return directory, graph, False
     graph = build_graph(
         index_chunks(list(zip(loaded.shard_ids, loaded.shards))),
         max_community_size=max_community_size, progress=progress,

@@ -8,7 +8,7 @@ downloaded from release pages at run time), so the offline extractor reads surfa
     name       a run of capitalised words inside a sentence ("Shirley Temple Black"), joined
                by "of" / "de" / "von" ...; a single capitalised word only where it does not
                start the sentence, and never a function word
-    quoted     a short phrase in double quotes ("A Date with Judy")
+    quoted     a short phrase in double quotes with a capitalised word ("A Date with Judy")
     phrase     a run of two to four lower-case content words ("insulin resistance")
 
 Every surface form is normalised to a key (`entity_key`): lower case, a leading article and a
@@ -24,10 +24,11 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from llmframe_ray.graph.params import NAME, QUOTED, TITLE
 from llmframe_ray.retrieve.words import FUNCTION_WORDS, stem
 
 # Types, in the order that a form seen with several keeps the first (a title beats a name).
-TITLE, QUOTED, NAME, PHRASE = "title", "quoted", "name", "phrase"
+PHRASE = "phrase"
 TYPES = (TITLE, QUOTED, NAME, PHRASE)
 
 MAX_NGRAM = 6  # longest entity key matched by word n-grams
@@ -110,7 +111,7 @@ def _phrases(tokens: list[str]) -> Iterable[list[str]]:
 class OfflineExtractor:
     """Entities of passages and queries by surface cues (module docstring)."""
 
-    name = "offline-v1"
+    name = "offline-v2"  # a graph built by another version is rebuilt (graph/build.py)
 
     def extract(self, text: str, title: str = "") -> list[Mention]:
         """The distinct entities of a passage (by key, first type seen wins), in order."""
@@ -125,8 +126,8 @@ class OfflineExtractor:
 
         if title.strip():
             add(title_surface(title), TITLE)
-        for quoted in _QUOTED.findall(text):
-            if len(quoted.split()) <= MAX_QUOTED_WORDS:
+        for quoted in _QUOTED.findall(text):  # a title of a work, not scare quotes ("useful")
+            if len(quoted.split()) <= MAX_QUOTED_WORDS and any(_capitalised(t) for t in _TOKEN.findall(quoted)):
                 add(quoted, QUOTED)
         for segment in _SEGMENT.split(_QUOTED.sub(" . ", text)):  # a quoted title is one entity
             tokens = _TOKEN.findall(segment)

@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from llmframe_ray.graph.extract import match_known
 from llmframe_ray.graph.search import GraphSearch
+from llmframe_ray.graph.store import sentences
 from llmframe_ray.index.metadata import Filter
 
 MAX_LIMIT = 100
@@ -83,11 +85,47 @@ def describe_entity(gs: GraphSearch, entity: int, limit: int = 20, where: Filter
     return out
 
 
+def communities_for(gs: GraphSearch, q: str, limit: int = 2, where: Filter | None = None) -> list[dict[str, Any]]:
+    """The communities that hold the entities `q` names, as context for an answer: the most
+    specific first (deepest level, then the most idf of named entities in it). Each is told from
+    the caller's visible chunks only: its title names its best-connected visible entities, its
+    summary is the visible sentence naming most of its members (communities.py's rule)."""
+    graph, ranker = gs.graph, gs.ranker
+    mentions, counts = _visible(gs, where)
+    named = {e for e in ranker.named(q) if counts[e] > 0}
+    if not named:
+        return []
+    scored = []
+    for c in graph.communities:
+        inside = named.intersection(c.entities)
+        if inside:
+            scored.append((-c.level, -sum(ranker.idf[e] for e in inside), c.id, c))
+    out = []
+    for _, _, _, c in sorted(scored)[: max(1, int(limit))]:
+        members = [e for e in c.entities if counts[e] > 0]
+        title_entities = members[: 4]
+        members_set = set(members)
+        best, best_count = "", 0
+        chunks = np.unique(np.concatenate([mentions.indices[mentions.indptr[e] : mentions.indptr[e + 1]] for e in title_entities]))
+        for node in chunks[:8].tolist():
+            text = gs.stores[int(gs.positions[node])].get(int(gs.rows[node])).text
+            for sentence in sentences(text):
+                count = len(members_set.intersection(match_known(sentence, ranker.multi, single=ranker.single)))
+                if count > best_count:
+                    best, best_count = sentence, count
+        out.append({
+            "id": c.id, "level": c.level, "size": len(members),
+            "title": ", ".join(graph.names[e] for e in title_entities), "summary": best,
+            "entities": [graph.names[e] for e in members[:20]],
+        })
+    return out
+
+
 def graph_query(gs: GraphSearch | None, method: str, args: dict[str, Any]) -> Any:
     """One inspection call by name (how the Serve stages pass it along); None without a graph."""
     if gs is None:
         return None
-    calls = {"entities": find_entities, "entity": describe_entity}
+    calls = {"entities": find_entities, "entity": describe_entity, "communities": communities_for}
     if method not in calls:
         raise ValueError(f"unknown graph query {method!r}; known: {', '.join(calls)}")
     return calls[method](gs, **args)

@@ -18,32 +18,12 @@ gets an empty list, so fused with other rankers it changes nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import scipy.sparse as sp
 
 from llmframe_ray.graph.extract import NAME, QUOTED, TITLE, OfflineExtractor, match_known
+from llmframe_ray.graph.params import GraphParams
 from llmframe_ray.graph.store import KnowledgeGraph
-
-
-@dataclass(frozen=True)
-class GraphParams:
-    depth: int = 2
-    hop_decay: float = 0.5
-    max_seeds: int = 16
-    # Entity types a query's seeds may have: titles (an entity that some chunk's document is
-    # titled by) and quoted names. Chosen on the tuning queries (SciFact train, HotpotQA 1-100;
-    # benchmarks/graph_sweep.py): seeding with every name, or with phrases too, lost more on
-    # SciFact and gained less on HotpotQA; with titles, SciFact moved by 0.001 at any weight.
-    seed_types: tuple[str, ...] = (TITLE, QUOTED)
-    min_name_words: int = 1  # a NAME seed needs at least this many words (titles and quotes any)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.depth <= 4:
-            raise ValueError(f"graph depth must be 1 to 4, got {self.depth}")
-        if not 0.0 <= self.hop_decay <= 1.0:
-            raise ValueError(f"hop_decay must be in [0, 1], got {self.hop_decay}")
 
 
 def _row_normalised(matrix: sp.csr_matrix) -> sp.csr_matrix:
@@ -57,8 +37,8 @@ class GraphRanker:
         self.graph = graph
         self.params = params or GraphParams()
         self.extractor = extractor or OfflineExtractor()
-        df = graph.document_frequency().astype(np.float64)
-        self.idf = np.log1p(graph.n_chunks / np.maximum(df, 1.0))
+        self.df = graph.document_frequency()
+        self.idf = np.log1p(graph.n_chunks / np.maximum(self.df.astype(np.float64), 1.0))
         mentions = sp.csr_matrix(graph.mentions, dtype=np.float64)
         self.to_chunks = _row_normalised(sp.csr_matrix(mentions.T))  # entities x chunks
         self.to_entities = _row_normalised(sp.csr_matrix(mentions @ sp.diags(self.idf)))  # chunks x entities
@@ -78,6 +58,7 @@ class GraphRanker:
         named = {
             e for e in self.named(query)
             if types[e] in self.params.seed_types and (types[e] != NAME or keys[e].count(" ") + 1 >= shortest)
+            and (self.params.max_seed_chunks is None or self.df[e] <= self.params.max_seed_chunks)
         }
         ranked = sorted(named, key=lambda e: (-self.idf[e], e))[: self.params.max_seeds]
         return {e: float(self.idf[e]) for e in ranked}

@@ -10,7 +10,8 @@ from typing import Sequence
 import numpy as np
 
 from llmframe_ray.errors import IndexLoadError
-from llmframe_ray.graph.rank import GraphParams, GraphRanker
+from llmframe_ray.graph.params import GraphParams
+from llmframe_ray.graph.rank import GraphRanker
 from llmframe_ray.graph.store import GRAPH_DIR, KnowledgeGraph
 from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.store import ChunkStore
@@ -88,7 +89,7 @@ class GraphSearch:
         return ShardAnswer(self.rows[nodes], np.concatenate(scores_out), self.doc_keys[nodes], offsets, self.positions[nodes])
 
 
-def open_for_version(index_dir: str | Path, version: str) -> GraphSearch | None:
+def open_for_version(index_dir: str | Path, version: str, params: GraphParams | None = None) -> GraphSearch | None:
     """The graph of a version over its chunk stores as saved (document ids as keys, as shard
     groups that each hold some shards answer): for a Retriever whose shards are spread over
     several groups. None when the version has no graph."""
@@ -101,4 +102,4 @@ def open_for_version(index_dir: str | Path, version: str) -> GraphSearch | None:
     info = index.version_info(version)
     empty = set(info.get("empty_shards", []))
     live = [i for i in range(int(info["shards"])) if i not in empty]
-    return GraphSearch.open(path, [ChunkStore.load(path / shard_dir_name(i)) for i in live], live)
+    return GraphSearch.open(path, [ChunkStore.load(path / shard_dir_name(i)) for i in live], live, params)

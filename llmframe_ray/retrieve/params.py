@@ -1,10 +1,11 @@
-"""What first-stage retrieval is told: the default mode, hybrid fusion, and the dense index's
-search-time settings (applied to every shard when it is loaded)."""
+"""What first-stage retrieval is told: the default mode, hybrid fusion, the dense index's
+search-time settings (applied to every shard when it is loaded) and the graph ranker's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmframe_ray.graph.params import GraphParams
 from llmframe_ray.index.shard import IndexShard
 from llmframe_ray.retrieve.plan import FusionParams
 from llmframe_ray.types import SearchMode
@@ -19,6 +20,7 @@ class RetrievalParams:
     verify_on_load: bool = True  # serving checks every file's SHA-256 before it serves a version
     # searches waiting or running in one Retriever (a replica) before it answers 503 (0: no limit)
     max_pending: int = 128
+    graph: GraphParams = field(default_factory=GraphParams)  # the graph ranker (graph/rank.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default_mode", SearchMode.from_str(self.default_mode))

@@ -90,7 +90,7 @@ class Pipeline:
         verify = (retrieval or RetrievalParams()).verify_on_load
         loaded = IndexDirectory(index_dir).load(verify=verify)
         pipeline = cls(loaded.shards, embedder, retrieval, reranker, rerank)
-        pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids)
+        pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, pipeline.retrieval.graph)
         return pipeline
 
     @property

@@ -72,7 +72,7 @@ class ShardCache:
             from llmframe_ray.graph.search import GraphSearch
 
             self._graphs[version] = GraphSearch.open(
-                self.index.versions_dir / version, [loaded[n].store for n in live], live
+                self.index.versions_dir / version, [loaded[n].store for n in live], live, self.params.graph
             )
         return loaded
 

@@ -302,7 +302,7 @@ class RetrieverCore:
             if shard.size:
                 check_model(shard.model, model)
         if len(self.groups) > 1:  # else the group holding every shard holds the graph
-            graph = await asyncio.to_thread(open_for_version, self.args.index_dir, version)
+            graph = await asyncio.to_thread(open_for_version, self.args.index_dir, version, self.args.params.graph)
             kept = getattr(getattr(self, "served", None), "version", None)  # the one in use stays
             self.graphs = {**{v: g for v, g in self.graphs.items() if v == kept}, version: graph}
         return Served(version, ordered, bm25_consistency_problem(ordered))

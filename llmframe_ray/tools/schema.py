@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from typing_extensions import NotRequired, TypedDict
 
-RETRIEVAL_STRATEGIES = ("hybrid", "dense", "sparse", "graph", "compressed")
+RETRIEVAL_STRATEGIES = ("hybrid", "dense", "sparse", "graph", "hybrid-graph", "compressed")
 QUERY_REWRITES = ("none", "multi-query", "prf", "conversational")
 
 SEARCH_ROUTE = "/v1/search"
@@ -67,7 +67,9 @@ def _object(required: str, properties: dict[str, dict[str, Any]]) -> dict[str, A
 STRATEGY_HELP = (
     "How passages are found: hybrid (BM25 and dense retrieval fused by RRF), dense (embeddings only), "
     "sparse (BM25 keywords only), compressed (hybrid, then each passage cut to what bears on the query), "
-    "graph (GraphRAG; refused while the server's index has no knowledge graph)."
+    "graph (the knowledge graph: passages linked to the entities the query names, up to two hops away), "
+    "hybrid-graph (BM25, dense and graph fused; for questions that chain facts across documents). "
+    "The graph strategies are refused while the server's index has no knowledge graph."
 )
 REWRITE_HELP = (
     "Rewrite the query before retrieval: none, multi-query (several paraphrases, results fused), "

@@ -9,7 +9,8 @@ from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.eval.trec import score_all_found, write_run
 from llmframe_ray.graph.build import ensure_graph
 from llmframe_ray.graph.extract import OfflineExtractor, entity_key, match_known, title_surface
-from llmframe_ray.graph.rank import GraphParams, GraphRanker
+from llmframe_ray.graph.params import GraphParams
+from llmframe_ray.graph.rank import GraphRanker
 from llmframe_ray.graph.search import GraphSearch
 from llmframe_ray.graph.store import TITLE_WEIGHT, KnowledgeGraph, build_graph, index_chunks
 from llmframe_ray.index.metadata import parse_filter
@@ -72,6 +73,11 @@ def test_extractor_reads_titles_quotes_names_and_phrases():
         ("bank of america", "Bank of America", "name"),
         ("insulin resist studi", "insulin resistance studies", "phrase"),
     ]
+
+
+def test_scare_quotes_are_not_entities():
+    got = [(m.surface, m.type) for m in OfflineExtractor().extract('A "useful" system and the "Bradford distribution" law.')]
+    assert got == [("Bradford distribution", "quoted")]
 
 
 def test_keys_and_titles_are_normalised():
@@ -267,6 +273,15 @@ def test_graph_strategy_and_inspection_over_http(index):
         assert {n["name"]: n["weight"] for n in temple["neighbours"]}["Corliss Archer"] == 1
         assert all(ids["shirley templ"] in c["entities"] or c["size"] > len(c["entities"]) for c in temple["communities"])
 
+        with_communities = client.post("/v1/search", headers=AUTH, json={"query": BRIDGE, "mode": "bm25", "top_k": 2, "include_communities": True}).json()
+        hits, extra = with_communities["hits"][:2], with_communities["hits"][2:]
+        assert hits == client.post("/v1/search", headers=AUTH, json={"query": BRIDGE, "mode": "bm25", "top_k": 2}).json()["hits"]
+        assert extra and [h["rank"] for h in extra] == list(range(3, 3 + len(extra)))
+        assert all(h["doc_id"].startswith("community:") and h["ranks"] == {"community": h["rank"] - 2} for h in extra)
+        texts = " ".join(t for _, texts in DOCS.values() for t in texts)
+        assert "Kiss and Tell" in extra[0]["metadata"]["entities"] and extra[0]["text"] in texts  # a sentence of the corpus
+        assert "timings_ms" in with_communities and "communities" in with_communities["timings_ms"]
+
         other = client.get(f"/v1/graph/entity/{ids['shirley templ']}", headers=AUTH, params={"namespace": "someone-else"})
         assert other.status_code == 404
         assert other.json()["error"] == {"type": "not_found", "message": f"no entity {ids['shirley templ']} in the served version's knowledge graph", "field": None}
@@ -290,3 +305,6 @@ def test_graph_routes_without_a_graph_are_404(tmp_path):
         response = client.post("/v1/search", headers=AUTH, json={"query": "Etna", "retrieval_strategy": "graph"})
         assert response.status_code == 422
         assert response.json()["error"]["field"] == "retrieval_strategy"
+        response = client.post("/v1/search", headers=AUTH, json={"query": "Etna", "mode": "bm25", "include_communities": True})
+        assert response.status_code == 422
+        assert response.json()["error"]["field"] == "include_communities"
