@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--passages", type=int, default=512, help="chunk texts for the embedder comparison")
+    parser.add_argument("--graph", action="store_true", help="also the graph modes (the knowledge graph is built on first use)")
+    parser.add_argument("--no-embedder", action="store_true", help="skip the embedder comparison")
     args = parser.parse_args()
 
     settings = load_settings()
@@ -100,9 +102,14 @@ def main() -> None:
     params = settings.params()
     embedder = load_embedder(params.embedder)
     root = cached_index(dataset, params.index, embedder, params.indexes_dir, stderr_progress())
+    if args.graph:
+        from llmframe_ray.graph.build import ensure_graph
+
+        ensure_graph(root)
     pipeline = Pipeline.open(root, embedder, params.retrieval)
     queries = list(dataset.queries.values())
-    for mode in INDEX_MODES:  # warm up every path once
+    modes = [*INDEX_MODES, SearchMode.GRAPH, SearchMode.HYBRID_GRAPH] if args.graph else list(INDEX_MODES)
+    for mode in modes:  # warm up every path once
         pipeline.search_batch(queries[:8], mode, args.top_k)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -111,14 +118,16 @@ def main() -> None:
           f"median of {args.repeats} runs")
     print(f"index: {pipeline.total_chunks} chunks of {len(dataset.corpus)} documents, dense {settings.dense_index.value}")
     print()
-    print(f"{'mode':<8} {'1-at-a-time q/s':>16} {'p50 ms':>8} {'p99 ms':>8} "
+    print(f"{'mode':<12} {'1-at-a-time q/s':>16} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'batch-' + str(args.batch_size) + ' q/s':>14} {'batch p50 ms':>13} {'batch p99 ms':>13}")
-    for mode in INDEX_MODES:
+    for mode in modes:
         single = median_of(lambda: one_at_a_time(pipeline, queries, mode, args.top_k), args.repeats)
         many = median_of(lambda: batched(pipeline, queries, mode, args.top_k, args.batch_size), args.repeats)
-        print(f"{mode.value:<8} {single[0]:>16.1f} {single[1]:>8.2f} {single[2]:>8.2f} "
+        print(f"{mode.value:<12} {single[0]:>16.1f} {single[1]:>8.2f} {single[2]:>8.2f} "
               f"{many[0]:>14.1f} {many[1]:>13.1f} {many[2]:>13.1f}")
 
+    if args.no_embedder:
+        return
     shard = pipeline.shards[0]
     texts = [shard.chunk(row).indexed_text for row in range(min(args.passages, len(shard)))]
     onnx, reference = embedder_rates(embedder, texts, settings.threads, args.repeats)

@@ -339,15 +339,27 @@ def graph_build(
     index: Path = typer.Option(..., "--index", help="Index directory."),
     version: Optional[str] = typer.Option(None, "--version", help="Index version (default: the served one)."),
     rebuild: bool = typer.Option(False, "--rebuild", help="Build it again even if the version has one."),
+    extractor: str = typer.Option("offline", "--extractor", help="offline (no key) or llm (the provider chain; answers cached by chunk)."),
 ) -> None:
     """Build the knowledge graph of an index version and store it in the version."""
-    from llmframe_ray.graph.build import ensure_graph
+    from llmframe_ray.graph.build import ensure_graph, llm_extractor
 
-    folder, graph, built = ensure_graph(index, version, rebuild=rebuild)
+    if extractor not in ("offline", "llm"):
+        _fail(f"--extractor must be offline or llm, got {extractor!r}")
+    try:
+        llm = llm_extractor(index, _settings()) if extractor == "llm" else None
+    except ValueError as exc:
+        _fail(str(exc))
+    folder, graph, built = ensure_graph(index, version, rebuild=rebuild, llm=llm)
     info = graph.info
+    if "llm" in info:
+        typer.echo("llm extraction: " + ", ".join(f"{k} {v}" for k, v in info["llm"].items() if k != "problems"))
+        for problem in info["llm"]["problems"]:
+            typer.echo(f"  read offline: {problem}", err=True)
     typer.echo(f"{'built' if built else 'already built'}: {folder}")
     typer.echo("sizes: " + ", ".join(f"{k} {v}" for k, v in graph.sizes().items()))
-    typer.echo(f"extractor {info.get('extractor')}, extraction {info.get('extract_seconds')} s, build {info.get('build_seconds')} s")
+    typer.echo(f"extractor {info.get('extractor')}: extraction {info.get('extract_seconds')} s, linking {info.get('link_seconds')} s, "
+               f"communities {info.get('community_seconds')} s, in all {info.get('build_seconds')} s")
 
 
 @app.command("mcp")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from llmframe_ray.graph.extract import OfflineExtractor
 from llmframe_ray.graph.store import GRAPH_DIR, KnowledgeGraph, build_graph, index_chunks
@@ -17,22 +17,38 @@ def ensure_graph(
     rebuild: bool = False,
     max_community_size: int = 64,
     progress: Callable[[str, int, int], None] | None = None,
+    llm: Any = None,
 ) -> tuple[Path, KnowledgeGraph, bool]:
     """The graph of `version` (default: the served one), built and stored there if it has
-    none yet, one by another extractor version, or `rebuild`: (its folder, the graph, whether
-    it was built now)."""
+    none yet, one by another extractor (version), or `rebuild`: (its folder, the graph, whether
+    it was built now). `llm`: an LlmExtractor reads the chunks (graph/llm_extract.py)."""
     index = IndexDirectory(index_dir)
     loaded = index.load(version)
     directory = loaded.path / GRAPH_DIR
     if directory.is_dir() and not rebuild:
         graph = KnowledgeGraph.load(directory)
-        if graph.info.get("extractor") == OfflineExtractor.name:
+        if graph.info.get("extractor") == (OfflineExtractor.name if llm is None else llm.name):
             return directory, graph, False
     graph = build_graph(
         index_chunks(list(zip(loaded.shard_ids, loaded.shards))),
-        max_community_size=max_community_size, progress=progress,
+        max_community_size=max_community_size, progress=progress, llm=llm,
     )
     graph.info["version"] = loaded.version
     with index.writer_lock():
         graph.save(directory)
     return directory, graph, True
+
+
+def llm_extractor(index_dir: str | Path, settings: Any) -> Any:
+    """The LLM extractor over the configured provider chain, its cache in the index directory."""
+    from llmframe_ray.generate.chain import provider_chain
+    from llmframe_ray.generate.costs import PriceTable
+    from llmframe_ray.generate.rewriting import has_llm
+    from llmframe_ray.graph.llm_extract import CACHE_FILE, ExtractionCache, LlmExtractor
+
+    params = settings.params()
+    chain = provider_chain(params.providers)
+    if not has_llm(chain):
+        raise ValueError("--extractor llm needs an LLM in the provider chain (ANTHROPIC_API_KEY or OPENAI_API_KEY)")
+    cache = ExtractionCache(Path(index_dir) / CACHE_FILE)
+    return LlmExtractor(chain, cache, prices=PriceTable.from_json(params.service.generation.prices))

@@ -17,6 +17,7 @@ title of one chunk, written in another, is the link that multi-hop questions nee
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -24,14 +25,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import scipy.sparse as sp
 
 from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.graph.communities import Community, describe, hierarchical_leiden
-from llmframe_ray.graph.extract import NAME, QUOTED, TITLE, OfflineExtractor, match_known
+from llmframe_ray.graph.extract import NAME, QUOTED, TITLE, OfflineExtractor, entity_key, match_known
 from llmframe_ray.index import atomic
 from llmframe_ray.index.manifest import utc_now
 from llmframe_ray.types import Chunk
@@ -53,6 +54,8 @@ class KnowledgeGraph:
     relations: sp.csr_matrix  # entities x entities
     communities: list[Community] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    descriptions: list[str] = field(default_factory=list)  # per entity, from an LLM extractor ("" none)
+    relation_notes: dict[tuple[int, int], str] = field(default_factory=dict)  # (a, b), a < b: what links them
 
     @property
     def n_chunks(self) -> int:
@@ -85,7 +88,10 @@ class KnowledgeGraph:
         for name, matrix in (("mentions", self.mentions), ("relations", self.relations)):
             arrays.update({f"{name}_indptr": matrix.indptr, f"{name}_indices": matrix.indices, f"{name}_data": matrix.data})
         np.savez(tmp / "arrays.npz", **arrays)
-        (tmp / "entities.json").write_text(json.dumps({"keys": self.keys, "names": self.names, "types": self.types}))
+        (tmp / "entities.json").write_text(json.dumps(
+            {"keys": self.keys, "names": self.names, "types": self.types, "descriptions": self.descriptions}
+        ))
+        (tmp / "relation_notes.json").write_text(json.dumps([[a, b, note] for (a, b), note in sorted(self.relation_notes.items())]))
         (tmp / "communities.json").write_text(json.dumps([c.as_dict() for c in self.communities]))
         (tmp / "graph.json").write_text(json.dumps({"format": FORMAT, **self.info, **self.sizes()}, indent=1))
         atomic.fsync_tree(tmp)
@@ -104,6 +110,8 @@ class KnowledgeGraph:
                 raise ValueError(f"graph format {info.get('format')!r}, this version reads {FORMAT}")
             entities = json.loads((directory / "entities.json").read_text(encoding="utf-8"))
             raw = json.loads((directory / "communities.json").read_text(encoding="utf-8"))
+            notes_file = directory / "relation_notes.json"
+            notes = json.loads(notes_file.read_text(encoding="utf-8")) if notes_file.is_file() else []
             with np.load(directory / "arrays.npz") as arrays:
                 a = {name: arrays[name] for name in arrays.files}
         except (OSError, ValueError, KeyError) as exc:
@@ -119,7 +127,7 @@ class KnowledgeGraph:
         return cls(
             entities["keys"], entities["names"], entities["types"], a["chunk_shard"], a["chunk_row"],
             matrix("mentions", (n_chunks, n_entities)), matrix("relations", (n_entities, n_entities)),
-            communities, info,
+            communities, info, list(entities.get("descriptions") or []), {(a, b): note for a, b, note in notes},
         )
 
 
@@ -133,20 +141,26 @@ def build_graph(
     *,
     max_community_size: int = 64,
     progress: Callable[[str, int, int], None] | None = None,
+    llm: Any = None,
 ) -> KnowledgeGraph:
     """The graph of (shard id, row, chunk) triples: extraction, the n-gram linking pass,
-    relations, communities."""
+    relations, communities. `llm`: an LlmExtractor (graph/llm_extract.py) that reads the chunks
+    instead of `extractor`; its report goes into the graph's info."""
     started = time.perf_counter()
     extractor = extractor or OfflineExtractor()
     places: list[tuple[int, int]] = []
     texts: list[str] = []
-    found: list[list] = []
+    titles: list[str] = []
     for shard, row, chunk in chunks:
         places.append((shard, row))
         texts.append(chunk.text)
-        found.append(extractor.extract(chunk.text, chunk.title))
-        if progress is not None and len(places) % 1000 == 0:
-            progress("extract", len(places), 0)
+        titles.append(chunk.title)
+    extractions: list = [None] * len(texts)
+    report = None
+    if llm is not None:
+        found, extractions, report = asyncio.run(llm.extract_all(list(zip(titles, texts))))
+    else:
+        found = [extractor.extract(text, title) for text, title in zip(texts, titles)]
     extract_seconds = time.perf_counter() - started
 
     ids: dict[str, int] = {}
@@ -176,6 +190,7 @@ def build_graph(
         data.extend(weights.values())
         if progress is not None and (node + 1) % 1000 == 0:
             progress("link", node + 1, len(texts))
+    link_seconds = time.perf_counter() - started - extract_seconds
     n, e = len(places), len(keys)
     mentions = sp.csr_matrix((np.asarray(data, np.float32), (np.asarray(rows, np.int64), np.asarray(cols, np.int64))), shape=(n, e))
     mentions.sort_indices()
@@ -193,15 +208,30 @@ def build_graph(
             cache[node] = [(s, frozenset(match_known(s, multi, single=single))) for s in sentences(texts[node])]
         return cache[node]
 
+    clock = time.perf_counter()
     grouped = hierarchical_leiden(relations, max_size=max_community_size)
     communities = describe(grouped, relations, mentions, names, sentences_of)
+    community_seconds = time.perf_counter() - clock
     shard = np.asarray([s for s, _ in places], dtype=np.int32)
     row = np.asarray([r for _, r in places], dtype=np.int64)
+    descriptions = [""] * len(keys)
+    notes: dict[tuple[int, int], str] = {}
+    for extraction in extractions:
+        for name, _, about in (extraction.entities if extraction else ()):
+            entity = ids.get(entity_key(name))
+            if entity is not None and about and not descriptions[entity]:
+                descriptions[entity] = about
+        for source, target, about in (extraction.relations if extraction else ()):
+            a, b = ids.get(entity_key(source)), ids.get(entity_key(target))
+            if a is not None and b is not None and a != b and about:
+                notes.setdefault((min(a, b), max(a, b)), about)
     info = {
-        "extractor": extractor.name, "created_at": utc_now(),
-        "extract_seconds": round(extract_seconds, 3), "build_seconds": round(time.perf_counter() - started, 3),
+        "extractor": llm.name if llm is not None else extractor.name, "created_at": utc_now(),
+        **({"llm": report.as_dict()} if report is not None else {}),
+        "extract_seconds": round(extract_seconds, 3), "link_seconds": round(link_seconds, 3),
+        "community_seconds": round(community_seconds, 3), "build_seconds": round(time.perf_counter() - started, 3),
     }
-    return KnowledgeGraph(keys, names, types, shard, row, mentions, relations, communities, info)
+    return KnowledgeGraph(keys, names, types, shard, row, mentions, relations, communities, info, descriptions, notes)
 
 
 def index_chunks(shards: Sequence[tuple[int, object]]) -> Iterable[tuple[int, int, Chunk]]:
