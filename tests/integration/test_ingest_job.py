@@ -161,6 +161,33 @@ def test_upsert_and_delete_rebuild_only_the_affected_shard(cluster, settings, tm
     assert fourth.version is None and directory.current_version() == v3.version
 
 
+def test_the_job_builds_the_graph_into_the_version_and_keeps_it(cluster, settings, tmp_path):
+    """--graph: the graph is part of the published version, equal to one built from the same
+    version afterwards; a later run without the flag builds the new version's graph too."""
+    from llmframe_ray.graph.build import ensure_graph
+    from llmframe_ray.graph.store import GRAPH_DIR, KnowledgeGraph
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "film.md").write_text("# Kiss and Tell\n\nKiss and Tell is a comedy starring Shirley Temple as Corliss Archer.\n")
+    (src / "temple.md").write_text("# Shirley Temple\n\nShirley Temple Black was an American actress and diplomat.\n")
+    first = ingest([src], tmp_path / "idx", settings.params(), shards=2, graph=True, log=lambda _: None)
+    v1 = IndexDirectory(tmp_path / "idx").load()
+    built = KnowledgeGraph.load(v1.path / GRAPH_DIR)
+    assert "graph" in first.seconds and built.info["extractor"] == "offline-v2"
+    rebuilt = ensure_graph(tmp_path / "idx", rebuild=True)[1]
+    assert (built.keys, built.sizes()) == (rebuilt.keys, rebuilt.sizes())
+    assert (built.mentions != rebuilt.mentions).nnz == 0
+
+    (src / "lava.md").write_text("# Mount Etna\n\nMount Etna is a volcano in Sicily.\n")
+    second = ingest([src], tmp_path / "idx", settings.params(), log=lambda _: None)
+    v2 = IndexDirectory(tmp_path / "idx").load()
+    assert v2.version == second.version != v1.version
+    assert "mount etna" in KnowledgeGraph.load(v2.path / GRAPH_DIR).entity_ids()
+    plain = ingest([src], tmp_path / "plain", settings.params(), shards=2, log=lambda _: None)
+    assert plain.version is not None and not (IndexDirectory(tmp_path / "plain").load().path / GRAPH_DIR).exists()
+
+
 def test_bad_files_are_skipped_and_reported(cluster, settings, tmp_path):
     src = tmp_path / "src"
     write_corpus(src, 5)
