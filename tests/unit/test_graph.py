@@ -201,12 +201,18 @@ def test_hybrid_graph_adds_the_graph_rank_to_rrf(index):
     assert {h.doc_id for h in fused} >= {"temple"} and len(hybrid) == 6
 
 
-def test_graph_modes_without_a_graph_are_refused(tmp_path):
-    chunks_ = chunks()
-    vectors = np.full((len(chunks_), DIM), 1 / np.sqrt(DIM), dtype=np.float32)
+def index_without_graph(tmp_path):
+    """The test corpus in one shard (every vector the same), published with no graph."""
+    all_chunks = chunks()
+    vectors = np.full((len(all_chunks), DIM), 1 / np.sqrt(DIM), dtype=np.float32)
     root = tmp_path / "index"
-    publish_shards(IndexDirectory(root), chunks_, vectors, load_settings().params().index,
+    publish_shards(IndexDirectory(root), all_chunks, vectors, load_settings().params().index,
                    {"name": "random", "provider": "test", "dim": DIM, "max_length": 64})
+    return root
+
+
+def test_graph_modes_without_a_graph_are_refused(tmp_path):
+    root = index_without_graph(tmp_path)
     pipeline = Pipeline.open(root, None)
     assert pipeline.graph is None
     with pytest.raises(StrategyError) as raised:
@@ -292,12 +298,7 @@ def test_graph_strategy_and_inspection_over_http(index):
 def test_graph_routes_without_a_graph_are_404(tmp_path):
     from llmframe_ray.api.graph_routes import NO_GRAPH
 
-    all_chunks = chunks()
-    vectors = np.full((len(all_chunks), DIM), 1 / np.sqrt(DIM), dtype=np.float32)
-    root = tmp_path / "index"
-    publish_shards(IndexDirectory(root), all_chunks, vectors, load_settings().params().index,
-                   {"name": "random", "provider": "test", "dim": DIM, "max_length": 64})
-    client, _ = http_client(root, graph=False)
+    client, _ = http_client(index_without_graph(tmp_path), graph=False)
     with client:
         for path in ("/v1/graph/entities?q=Etna", "/v1/graph/entity/0"):
             response = client.get(path, headers=AUTH)
