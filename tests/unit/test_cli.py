@@ -61,7 +61,7 @@ def test_search_unknown_mode(env, built):
     index, _ = built
     result = cli(env, "search", "x", "--index", index, "--mode", "semantic")
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: unknown search mode 'semantic'; valid search modes: bm25, dense, hybrid"
+    assert result.stderr.strip() == "error: unknown search mode 'semantic'; valid search modes: bm25, dense, hybrid, graph, hybrid-graph"
 
 
 def test_search_empty_query(env, built):

@@ -138,7 +138,7 @@ def test_query_over_model_limit(pipeline):
 def test_unknown_mode_and_level_and_top_k(pipeline):
     with pytest.raises(ValueError) as err:
         pipeline.search("lava", "semantic")
-    assert str(err.value) == "unknown search mode 'semantic'; valid search modes: bm25, dense, hybrid"
+    assert str(err.value) == "unknown search mode 'semantic'; valid search modes: bm25, dense, hybrid, graph, hybrid-graph"
     with pytest.raises(ValueError) as err:
         pipeline.search("lava", "bm25", level="page")
     assert str(err.value) == "unknown result level 'page'; valid result levels: chunk, document"
