@@ -73,7 +73,15 @@ OK = "200"
 REQUEST_TIMEOUT_S = 300.0
 FLOOR_BLOCK = 25  # queries per block of the interleaved floor measurement
 # benchmark mode -> (search mode, rerank)
-MODES = {"bm25": ("bm25", False), "dense": ("dense", False), "hybrid": ("hybrid", False), "hybrid+rerank": ("hybrid", True)}
+MODES = {
+    "bm25": ("bm25", False), "dense": ("dense", False), "hybrid": ("hybrid", False), "hybrid+rerank": ("hybrid", True),
+    "graph": ("graph", False), "hybrid-graph": ("hybrid-graph", False),  # need an index with a knowledge graph
+}
+STRATEGIES = {"graph", "hybrid-graph"}  # sent as retrieval_strategy, the others as mode
+
+
+def search_fields(search_mode: str) -> dict[str, str]:
+    return {"retrieval_strategy" if search_mode in STRATEGIES else "mode": search_mode}
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,7 @@ def http_sender(connections: Connections, key: str, top_k: int, mode: str) -> Se
     headers = {"X-API-Key": key}
 
     async def send(query: str) -> tuple[str, str]:
-        body = json.dumps({"query": query, "top_k": top_k, "mode": search_mode, "rerank": rerank}).encode()
+        body = json.dumps({"query": query, "top_k": top_k, **search_fields(search_mode), "rerank": rerank}).encode()
         try:
             status, data = await asyncio.wait_for(connections.get().request("/v1/search", headers, body), REQUEST_TIMEOUT_S)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
@@ -149,7 +157,7 @@ def local_sender(service: Any, top_k: int, mode: str) -> Send:
 
     async def send(query: str) -> tuple[str, str]:
         try:
-            response = await service.search(SearchRequest(query=query, top_k=top_k, mode=search_mode, rerank=rerank))
+            response = await service.search(SearchRequest(query=query, top_k=top_k, **search_fields(search_mode), rerank=rerank))
         except Exception as exc:  # reported as an error of the cell, never dropped
             return type(exc).__name__, str(exc)[:200]
         return checked(response.reranked, rerank)
