@@ -26,7 +26,6 @@ from llmframe_ray.eval.trec import score_all_found, score_run, write_run  # noqa
 from llmframe_ray.graph.build import ensure_graph  # noqa: E402
 from llmframe_ray.graph.extract import NAME, PHRASE, QUOTED, TITLE  # noqa: E402
 from llmframe_ray.graph.params import GraphParams  # noqa: E402
-from llmframe_ray.graph.search import GraphSearch  # noqa: E402
 from llmframe_ray.eval.runner import cached_index  # noqa: E402
 from llmframe_ray.ingest.build import stderr_progress  # noqa: E402
 from llmframe_ray.index.versions import IndexDirectory  # noqa: E402
@@ -72,7 +71,7 @@ def main() -> None:
         caps = [None if c == "none" else int(c) for c in args.max_seed_chunks.split(",")]
         for seed, depth, cap in itertools.product(seeds, depths, caps):
             graph_params = GraphParams(depth=depth, seed_types=SEEDS[seed][0], min_name_words=SEEDS[seed][1], max_seed_chunks=cap)
-            pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, graph_params)
+            pipeline.load_graph(loaded.path, loaded.shard_ids, graph_params)
             for weight in weights:
                 fusion = replace(params.retrieval.fusion, weights={**params.retrieval.fusion.weights, "graph": weight})
                 pipeline.retrieval = replace(params.retrieval, fusion=fusion)

@@ -62,11 +62,9 @@ class LocalStages:
         sessions: SessionParams,
         reranker: CrossEncoder | None = None,
     ) -> LocalStages:
-        from llmframe_ray.graph.search import GraphSearch
-
         loaded = IndexDirectory(index_dir).load()
         pipeline = Pipeline(loaded.shards, load_embedder(embedder), retrieval)
-        pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, retrieval.graph)
+        pipeline.load_graph(loaded.path, loaded.shard_ids)
         store = SessionStore(sessions.token_budget, sessions.max_sessions)
         return cls(index_dir, pipeline, loaded.version, reranker, provider_chain(providers), store)
 

@@ -49,9 +49,7 @@ class Pipeline:
         retrieval: RetrievalParams | None = None,
         reranker: CrossEncoder | None = None,
         rerank: RerankParams | None = None,
-        graph: Any = None,
     ) -> None:
-        """`graph`: a GraphSearch (graph/search.py) over these shards, for the graph modes."""
         if not shards:
             raise ValueError("a pipeline needs at least one index shard")
         self.retrieval = RetrievalParams() if retrieval is None else retrieval
@@ -61,7 +59,7 @@ class Pipeline:
         self.shards = [replace(shard, store=store) for shard, store in zip(prepared, keyed)]
         self.embedder = embedder
         self.reranker = reranker
-        self.graph = graph
+        self.graph: Any = None  # a GraphSearch (graph/search.py) for the graph modes: load_graph
         self.max_chunks_per_doc = max(s.manifest.max_chunks_per_doc for s in self.shards)
         self.total_chunks = sum(len(s) for s in self.shards)
         self.bm25_problem = bm25_consistency_problem([ShardFacts.of(s) for s in self.shards])
@@ -85,13 +83,19 @@ class Pipeline:
         reranker: CrossEncoder | None = None,
         rerank: RerankParams | None = None,
     ) -> Pipeline:
-        from llmframe_ray.graph.search import GraphSearch
-
         verify = (retrieval or RetrievalParams()).verify_on_load
         loaded = IndexDirectory(index_dir).load(verify=verify)
         pipeline = cls(loaded.shards, embedder, retrieval, reranker, rerank)
-        pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, pipeline.retrieval.graph)
+        pipeline.load_graph(loaded.path, loaded.shard_ids)
         return pipeline
+
+    def load_graph(self, version_path: Path, shard_ids: Sequence[int], params: Any = None) -> None:
+        """Hold the knowledge graph of the version these shards (ids `shard_ids`) come from, if
+        it has one (`params`: GraphParams; default the retrieval settings')."""
+        from llmframe_ray.graph.search import GraphSearch
+
+        stores = [s.store for s in self.shards]
+        self.graph = GraphSearch.open(version_path, stores, shard_ids, params or self.retrieval.graph)
 
     @property
     def default_mode(self) -> SearchMode:

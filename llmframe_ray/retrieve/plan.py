@@ -39,6 +39,7 @@ class Ranker(Choice):
 BM25 = Ranker.BM25.value
 DENSE = Ranker.DENSE.value
 GRAPH = Ranker.GRAPH.value
+RANKER_NAMES = frozenset(r.value for r in Ranker)
 
 # A shard's answer to one search request: every query's (rows, scores, document ids).
 ShardResults = ShardAnswer
@@ -343,7 +344,7 @@ def _rank(candidates: list[Candidates], level: ResultLevel, depth: int, top_k: i
 
 
 def _weights(names: list[str], fusion: FusionParams) -> list[float]:
-    unknown = sorted(set(fusion.weights) - {r.value for r in Ranker})
+    unknown = sorted(set(fusion.weights) - RANKER_NAMES)
     if unknown:
         raise ValueError(f"weights given for unknown ranked lists: {unknown}")
     weights = [float(fusion.weights.get(name, 1.0)) for name in names]

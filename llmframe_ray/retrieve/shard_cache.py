@@ -3,7 +3,8 @@ replica, and of the Retriever when it holds the shards itself).
 
 A cache is bound to some shard numbers of an index directory and answers both rankers (BM25
 and dense) and chunk reads for them; a group holding every shard also loads the version's
-knowledge graph, if it has one, and answers the graph ranker (graph/search.py). Each call names the version it belongs to, so a request
+knowledge graph, if it has one, and answers the graph ranker (graph/search.py). Each call names
+the version it belongs to, so a request
 that started on one version finishes on it while newer requests use the next: versions are loaded
 on first use (one load at a time per version) and the `keep_versions` most recently used stay
 loaded. A version dropped from the cache stays alive for calls still using it (its files are

@@ -15,7 +15,6 @@ import pytest
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.graph.build import ensure_graph
-from llmframe_ray.graph.search import GraphSearch
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.cross_encoder import CrossEncoder
@@ -188,7 +187,7 @@ def test_graph_strategies_over_serve_equal_in_process(app, client, model_dir, ti
     document ids as keys, and fuses its list with the groups' lists as the in-process pipeline does."""
     pipeline, version = in_process(app, model_dir, tiny_reranker_dir)
     loaded = IndexDirectory(app.index_dir).load()
-    pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids)
+    pipeline.load_graph(loaded.path, loaded.shard_ids)
     for query in QUERIES:
         for strategy in ("graph", "hybrid-graph"):
             body = {"query": query, "retrieval_strategy": strategy, "top_k": 5}

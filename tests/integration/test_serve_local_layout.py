@@ -11,7 +11,6 @@ import pytest
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.graph.build import ensure_graph
-from llmframe_ray.graph.search import GraphSearch
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
@@ -44,7 +43,7 @@ def test_search_equals_in_process_pipeline(served, model_dir):
     client, index_dir, overrides = served
     loaded = IndexDirectory(index_dir).load()
     pipeline = Pipeline(loaded.shards, OnnxEmbedder(model_dir, threads=1), load_settings(**overrides).params().retrieval)
-    pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids)
+    pipeline.load_graph(loaded.path, loaded.shard_ids)
     for mode in ("bm25", "dense", "hybrid"):
         for query in QUERIES:
             response = client.post("/v1/search", headers=AUTH, json={"query": query, "mode": mode, "top_k": 5})

@@ -154,7 +154,7 @@ def plan_hits(index, mode, queries, level=ResultLevel.DOCUMENT, top_k=5, where=N
     loaded = IndexDirectory(index).load()
     pipeline = Pipeline(loaded.shards, None)
     ensure_graph(index)
-    pipeline.graph = GraphSearch.open(loaded.path, [s.store for s in pipeline.shards], loaded.shard_ids, params)
+    pipeline.load_graph(loaded.path, loaded.shard_ids, params)
     vectors = np.random.default_rng(5).normal(size=(len(queries), DIM)).astype(np.float32)
     plan = retrieval_plan(queries, mode, level, top_k, [len(s) for s in pipeline.shards], FusionParams(), vectors,
                           together=[range(len(pipeline.shards))], where=where)
