@@ -114,6 +114,7 @@ def ingest(
     adapt_teacher: Optional[Path] = typer.Option(None, "--adapt-teacher", help="With --adapt-reranker: a trained reranker folder to distil from."),
     adapt_layers: Optional[int] = typer.Option(None, "--adapt-layers", min=1, max=6, help="With --adapt-reranker: layers of MiniLM to keep (default all 6)."),
     graph: Optional[bool] = typer.Option(None, "--graph/--no-graph", help="Build the new version's knowledge graph (entities, relations, communities) for the graph and hybrid-graph strategies. Default: if the previous version has one."),
+    graph_extractor: str = typer.Option("offline", "--graph-extractor", help="offline (no key), or llm (the provider chain; answers cached by chunk, cost in the report)."),
 ) -> None:
     """Ingest with the Ray Data job: upsert documents, delete ids, publish a new version.
 
@@ -138,7 +139,10 @@ def ingest(
     params = _settings().params()
     try:
         result = run_ingest(sources or [], index, params, shards=shards, deletes=[internal_id(namespace, d) for d in delete or []],
-                            log=lambda line: typer.echo(line, err=True), namespace=namespace, graph=graph)
+                            log=lambda line: typer.echo(line, err=True), namespace=namespace, graph=graph,
+                            graph_extractor=graph_extractor)
+    except ValueError as exc:  # an unknown --graph-extractor, or llm with no key
+        _fail(str(exc))
     except (PlanError, DocumentReadError, IndexBusyError, ConfigError):
         raise  # bad arguments or input: exit 2 (main)
     except Exception as exc:  # the job itself failed: CURRENT still serves the previous version
@@ -330,36 +334,9 @@ def serve_command(
     serve_until_stopped(args, host, port, cpus, typer.echo)
 
 
-graph_app = typer.Typer(no_args_is_help=True, help="The knowledge graph of an index version (GraphRAG).")
+from llmframe_ray.cli_graph import graph_app  # noqa: E402  (the `graph` commands)
+
 app.add_typer(graph_app, name="graph")
-
-
-@graph_app.command("build")
-def graph_build(
-    index: Path = typer.Option(..., "--index", help="Index directory."),
-    version: Optional[str] = typer.Option(None, "--version", help="Index version (default: the served one)."),
-    rebuild: bool = typer.Option(False, "--rebuild", help="Build it again even if the version has one."),
-    extractor: str = typer.Option("offline", "--extractor", help="offline (no key) or llm (the provider chain; answers cached by chunk)."),
-) -> None:
-    """Build the knowledge graph of an index version and store it in the version."""
-    from llmframe_ray.graph.build import ensure_graph, llm_extractor
-
-    if extractor not in ("offline", "llm"):
-        _fail(f"--extractor must be offline or llm, got {extractor!r}")
-    try:
-        llm = llm_extractor(index, _settings()) if extractor == "llm" else None
-    except ValueError as exc:
-        _fail(str(exc))
-    folder, graph, built = ensure_graph(index, version, rebuild=rebuild, llm=llm)
-    info = graph.info
-    if "llm" in info:
-        typer.echo("llm extraction: " + ", ".join(f"{k} {v}" for k, v in info["llm"].items() if k != "problems"))
-        for problem in info["llm"]["problems"]:
-            typer.echo(f"  read offline: {problem}", err=True)
-    typer.echo(f"{'built' if built else 'already built'}: {folder}")
-    typer.echo("sizes: " + ", ".join(f"{k} {v}" for k, v in graph.sizes().items()))
-    typer.echo(f"extractor {info.get('extractor')}: extraction {info.get('extract_seconds')} s, linking {info.get('link_seconds')} s, "
-               f"communities {info.get('community_seconds')} s, in all {info.get('build_seconds')} s")
 
 
 @app.command("mcp")

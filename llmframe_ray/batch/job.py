@@ -4,7 +4,9 @@
     -> Ray Data: read (flat_map) -> chunk (actor pool)          [materialised]
     -> plan on the driver: dedupe ids, compare fingerprints with the served version
     -> Ray Data: embed what is new (actor pool; vectors go to staging files)
+    -> with a graph: Ray Data: extract the entities of what is new (batch/graphs.py)
     -> Ray tasks: collect changed shards -> corpus-wide BM25 statistics -> finish / carry shards
+       [-> the version's knowledge graph, updated from the previous one]
     -> verify every shard, write version.json, switch CURRENT; prune old versions
 
 Uses the Ray cluster at RAY_ADDRESS when set, else starts a local one sized to this machine.
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from llmframe_ray.batch import graphs
+from llmframe_ray.batch.graphs import check_extractor
 from llmframe_ray.batch.plan import PlanError, make_plan, stored_fingerprints
 from llmframe_ray.batch.report import REPORT_FILE, IngestResult, Skipped
 from llmframe_ray.batch.session import ray_session
@@ -69,11 +73,14 @@ def ingest(
     namespace: str = DEFAULT_NAMESPACE,
     files: Sequence[SourceFile] = (),
     graph: bool | None = None,
+    graph_extractor: str = "offline",
 ) -> IngestResult:
     """Run one ingestion into `index_dir` (see the module docstring). `sources` (files, folders,
     globs) go to `namespace`; `files` are already resolved, each with its own namespace;
     `deletes` are stored ids (index/metadata.py: internal_id). `graph`: build the new version's
-    knowledge graph (graph/store.py); None: if the previous version has one."""
+    knowledge graph (graph/store.py; batch/graphs.py); None: if the previous version has one.
+    `graph_extractor`: offline, or llm (the provider chain of `params`)."""
+    check_extractor(graph_extractor)
     files = [
         *(SourceFile(str(path), doc_id, namespace=namespace) for path, doc_id in (resolve_sources(sources) if sources else [])),
         *files,
@@ -97,8 +104,13 @@ def ingest(
         staging = Staging(directory.root, staging_key(model, chunking, n_shards))
         if graph is None:
             graph = previous is not None and (previous.path / GRAPH_DIR).is_dir()
+        if graph and graph_extractor == "llm":
+            from llmframe_ray.graph.build import llm_extractor
+
+            llm_extractor(directory.root, params)  # no LLM in the chain: a ValueError now, before any work
         with ray_session(params.ingest.local_cpus):
-            result = _run(files, directory, previous, n_shards, list(deletes), params, model, staging, log, graph)
+            result = _run(files, directory, previous, n_shards, list(deletes), params, model, staging, log,
+                          graph_extractor if graph else None)
         if result.version is not None or not (result.plan and result.plan.changes_anything):
             staging.clear()
         atomic.write_json(directory.root / REPORT_FILE, result.report())
@@ -122,7 +134,7 @@ def _shard_count(previous, shards: int | None) -> int:
 
 
 def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: list[str], params: Params,
-         model: dict, staging: Staging, log: Log, graph: bool = False) -> IngestResult:
+         model: dict, staging: Staging, log: Log, graph: str | None = None) -> IngestResult:
     result = IngestResult(directory.root, None, None)
     clock = time.perf_counter()
 
@@ -157,12 +169,21 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
         result.chunks_embedded = _embed(rows, len(meta), needed, params, directory, staging)
     result.seconds["embed"] = time.perf_counter() - clock
     log(f"embedded {result.chunks_embedded} chunks ({len(wanted_fps) - len(needed)} already staged)")
+    if graph is not None:
+        clock = time.perf_counter()
+        needed = graphs.pending(directory.root, graph, wanted_fps)
+        if needed:
+            result.chunks_extracted, result.extraction = graphs.extract(rows, needed, directory.root, params, graph)
+        result.seconds["extract"] = time.perf_counter() - clock
+        log(f"extracted the entities of {result.chunks_extracted} chunks ({len(wanted_fps) - len(needed)} already extracted)")
+        if result.extraction:
+            log("llm extraction: " + ", ".join(f"{k} {v}" for k, v in result.extraction.items() if k != "problems"))
 
     clock = time.perf_counter()
     version, tmp = directory.stage()
     try:
         return _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
-                                 params.index, model, n_shards, clock, log, params.ingest.cpu_scale, graph)
+                                 params, model, n_shards, clock, log, graph)
     except BaseException:
         import shutil
 
@@ -172,9 +193,10 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
 
 
 def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chunks, staging,
-                      index: IndexParams, model, n_shards, clock, log, scale: float = 1.0, graph: bool = False) -> IngestResult:
+                      params: Params, model, n_shards, clock, log, graph: str | None = None) -> IngestResult:
     import ray
 
+    index, scale = params.index, params.ingest.cpu_scale
     old_dirs = {}
     if previous is not None:
         old_dirs = {i: str(previous.path / shard_dir_name(i)) for i in previous.shard_ids}
@@ -203,11 +225,14 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
             built[sp.shard] = carry.remote(old_dirs[sp.shard], target, corpus)
     result.shard_counts = dict(zip(built, ray.get(list(built.values()))))
     result.seconds["build"] = time.perf_counter() - clock
-    if graph:  # over the new version's shards, before it is published: part of the version
+    if graph is not None:  # over the new version's shards, before it is published: part of the version
         clock = time.perf_counter()
-        sizes = ray.get(ray.remote(num_cpus=scale)(_graph_task).remote(str(tmp), sorted(built)))
+        task = ray.remote(num_cpus=scale)(graphs.graph_task)
+        built_graph = ray.get(task.remote(str(tmp), version, sorted(built), str(directory.root),
+                                          str(previous.path) if previous else None, params if graph == "llm" else None))
         result.seconds["graph"] = time.perf_counter() - clock
-        log("knowledge graph: " + ", ".join(f"{v} {k}" for k, v in sizes.items()))
+        result.graph = built_graph["info"]
+        log("knowledge graph: " + ", ".join(f"{v} {k}" for k, v in built_graph["sizes"].items()) + graphs.describe_build(built_graph["info"]))
 
     clock = time.perf_counter()
     import shutil
@@ -339,16 +364,6 @@ def _finish_task(part_dir, target, corpus, index, model):
     from llmframe_ray.batch.build import finish_shard
 
     return finish_shard(part_dir, target, corpus, index, model)
-
-
-def _graph_task(version_dir, shard_ids):
-    from llmframe_ray.graph.store import build_graph, index_chunks
-    from llmframe_ray.index.shard import IndexShard
-
-    shards = [(i, IndexShard.load(Path(version_dir) / shard_dir_name(i))) for i in shard_ids]
-    graph = build_graph(index_chunks(shards))
-    graph.save(Path(version_dir) / GRAPH_DIR)
-    return graph.sizes()
 
 
 def _carry_task(old_dir, target, corpus):

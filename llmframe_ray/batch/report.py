@@ -33,6 +33,9 @@ class IngestResult:
     chunks_embedded: int = 0
     chunks_read: int = 0
     shard_counts: dict[int, dict[str, int]] = field(default_factory=dict)
+    chunks_extracted: int = 0  # entities read (--graph)
+    extraction: dict[str, Any] = field(default_factory=dict)  # an LLM extractor's usage and cost
+    graph: dict[str, Any] = field(default_factory=dict)  # the new version's graph build (graph.json info)
 
     @property
     def exit_code(self) -> int:
@@ -55,6 +58,8 @@ class IngestResult:
             "shards": {str(k): v for k, v in sorted(self.shard_counts.items())},
             "skipped": [{"path": s.path, "line": s.line, "reason": s.reason} for s in self.skipped],
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            **({"graph": {"chunks_extracted": self.chunks_extracted, "llm": self.extraction or None, "build": self.graph}}
+               if self.graph else {}),
         }
 
 

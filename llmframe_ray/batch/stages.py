@@ -2,6 +2,7 @@
 
     files -> read (flat_map: one row per document, or one error row) -> chunk (actor pool)
           -> [plan on the driver] -> embed (actor pool, batched ONNX, writes staging files)
+          -> with --graph: extract entities (actor pool; graph/extractions.py files)
 
 They wrap the core (readers, chunker, embedder); nothing here chunks or embeds by itself.
 Every row of a stage has the same columns; failures are rows with `error` set, never exceptions.
@@ -131,3 +132,29 @@ class EmbedChunks:
             picked = [i for i, r in enumerate(rows) if r[0] == shard]
             self.staging.write(shard, [rows[i][1] for i in picked], [rows[i][2] for i in picked], vectors[picked])
         return {"embedded": [len(rows)]}
+
+
+class ExtractEntities:
+    """Reads the entities of the chunks asked for, offline or by an LLM (`params` given: its
+    provider chain), and stores them one file per batch (graph/extractions.py). Returns per
+    batch how many it read and, for an LLM, the usage report as JSON."""
+
+    def __init__(self, index_dir: str, wanted: frozenset[str], params: Any = None) -> None:
+        from llmframe_ray.graph.build import llm_extractor
+        from llmframe_ray.graph.extractions import ExtractionStore, extractor_name
+
+        self.llm = llm_extractor(index_dir, params) if params is not None else None
+        self.store = ExtractionStore(index_dir, extractor_name(self.llm))
+        self.wanted = wanted
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, list[Any]]:
+        from llmframe_ray.graph.extractions import extract_chunks, storable
+
+        seen: set[str] = set()
+        rows = [(str(fp), Chunk.from_json(str(chunk))) for fp, chunk in zip(batch["chunk_fp"], batch["chunk"])
+                if fp in self.wanted and not (fp in seen or seen.add(fp))]
+        if not rows:
+            return {"extracted": [], "report": []}
+        entries, report = extract_chunks([(c.title, c.text) for _, c in rows], llm=self.llm)
+        self.store.write(storable([(fp, entry) for (fp, _), entry in zip(rows, entries)], self.llm))
+        return {"extracted": [len(rows)], "report": [json.dumps(report.as_dict()) if report is not None else "{}"]}

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from llmframe_ray.graph.extract import OfflineExtractor
+from llmframe_ray.graph.extractions import ExtractionStore, extractor_name
 from llmframe_ray.graph.store import GRAPH_DIR, KnowledgeGraph, build_graph, index_chunks
 from llmframe_ray.index.versions import IndexDirectory
 
@@ -18,10 +19,13 @@ def ensure_graph(
     max_community_size: int = 64,
     progress: Callable[[str, int, int], None] | None = None,
     llm: Any = None,
+    summarizer: Any = None,
 ) -> tuple[Path, KnowledgeGraph, bool]:
     """The graph of `version` (default: the served one), built and stored there if it has
     none yet, one by another extractor (version), or `rebuild`: (its folder, the graph, whether
-    it was built now). `llm`: an LlmExtractor reads the chunks (graph/llm_extract.py)."""
+    it was built now). `llm`: an LlmExtractor reads the chunks (graph/llm_extract.py). Chunks
+    already in the index's extraction store (graph/extractions.py) are not read again.
+    `summarizer`: an LlmSummarizer writes the community summaries (graph/llm_summaries.py)."""
     index = IndexDirectory(index_dir)
     loaded = index.load(version)
     directory = loaded.path / GRAPH_DIR
@@ -32,6 +36,7 @@ def ensure_graph(
     graph = build_graph(
         index_chunks(list(zip(loaded.shard_ids, loaded.shards))),
         max_community_size=max_community_size, progress=progress, llm=llm,
+        store=ExtractionStore(index.root, extractor_name(llm)), summarizer=summarizer,
     )
     graph.info["version"] = loaded.version
     with index.writer_lock():
@@ -39,16 +44,29 @@ def ensure_graph(
     return directory, graph, True
 
 
-def llm_extractor(index_dir: str | Path, settings: Any) -> Any:
-    """The LLM extractor over the configured provider chain, its cache in the index directory."""
+def _chain(params: Any) -> tuple[Any, Any]:
     from llmframe_ray.generate.chain import provider_chain
     from llmframe_ray.generate.costs import PriceTable
     from llmframe_ray.generate.rewriting import has_llm
-    from llmframe_ray.graph.llm_extract import CACHE_FILE, ExtractionCache, LlmExtractor
 
-    params = settings.params()
     chain = provider_chain(params.providers)
     if not has_llm(chain):
         raise ValueError("--extractor llm needs an LLM in the provider chain (ANTHROPIC_API_KEY or OPENAI_API_KEY)")
-    cache = ExtractionCache(Path(index_dir) / CACHE_FILE)
-    return LlmExtractor(chain, cache, prices=PriceTable.from_json(params.service.generation.prices))
+    return chain, PriceTable.from_json(params.service.generation.prices)
+
+
+def llm_extractor(index_dir: str | Path, params: Any) -> Any:
+    """The LLM extractor over the provider chain of `params` (config.Params), its cache in the
+    index directory."""
+    from llmframe_ray.graph.llm_extract import CACHE_FILE, ExtractionCache, LlmExtractor
+
+    chain, prices = _chain(params)
+    return LlmExtractor(chain, ExtractionCache(Path(index_dir) / CACHE_FILE), prices=prices)
+
+
+def llm_summarizer(index_dir: str | Path, params: Any) -> Any:
+    """The community summariser over the provider chain of `params`, its cache in the index directory."""
+    from llmframe_ray.graph.llm_summaries import CACHE_FILE, LlmSummarizer, SummaryCache
+
+    chain, prices = _chain(params)
+    return LlmSummarizer(chain, SummaryCache(Path(index_dir) / CACHE_FILE), prices=prices)

@@ -5,6 +5,7 @@
                         "communities", "levels", "build_seconds", "created_at"}; written last
       entities.json    {"keys": [...], "names": [...], "types": [...]}
       communities.json [{"id", "level", "parent", "size", "title", "summary", "entities"}, ...]
+      chunks.json      the fingerprint of each chunk node (batch/plan.py), what an update compares
       arrays.npz       chunk_shard, chunk_row (a chunk node's place in the index), the mention
                        matrix (chunks x entities; the chunk's own title entity weighs
                        TITLE_WEIGHT, other mentions 1) and the relation matrix (entities x
@@ -17,7 +18,7 @@ title of one chunk, written in another, is the link that multi-hop questions nee
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
 import json
 import re
 import shutil
@@ -30,9 +31,11 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from llmframe_ray.batch.plan import chunk_fingerprint
 from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.graph.communities import Community, describe, hierarchical_leiden
 from llmframe_ray.graph.extract import NAME, QUOTED, TITLE, OfflineExtractor, entity_key, match_known
+from llmframe_ray.graph.extractions import ExtractionStore, extract_chunks, storable
 from llmframe_ray.index import atomic
 from llmframe_ray.index.manifest import utc_now
 from llmframe_ray.types import Chunk
@@ -56,6 +59,7 @@ class KnowledgeGraph:
     info: dict = field(default_factory=dict)
     descriptions: list[str] = field(default_factory=list)  # per entity, from an LLM extractor ("" none)
     relation_notes: dict[tuple[int, int], str] = field(default_factory=dict)  # (a, b), a < b: what links them
+    chunk_fps: list[str] = field(default_factory=list)  # per chunk node: its fingerprint (batch/plan.py)
 
     @property
     def n_chunks(self) -> int:
@@ -92,6 +96,7 @@ class KnowledgeGraph:
             {"keys": self.keys, "names": self.names, "types": self.types, "descriptions": self.descriptions}
         ))
         (tmp / "relation_notes.json").write_text(json.dumps([[a, b, note] for (a, b), note in sorted(self.relation_notes.items())]))
+        (tmp / "chunks.json").write_text(json.dumps(self.chunk_fps))
         (tmp / "communities.json").write_text(json.dumps([c.as_dict() for c in self.communities]))
         (tmp / "graph.json").write_text(json.dumps({"format": FORMAT, **self.info, **self.sizes()}, indent=1))
         atomic.fsync_tree(tmp)
@@ -112,6 +117,8 @@ class KnowledgeGraph:
             raw = json.loads((directory / "communities.json").read_text(encoding="utf-8"))
             notes_file = directory / "relation_notes.json"
             notes = json.loads(notes_file.read_text(encoding="utf-8")) if notes_file.is_file() else []
+            fps_file = directory / "chunks.json"  # graphs built before updates started from one have none
+            chunk_fps = json.loads(fps_file.read_text(encoding="utf-8")) if fps_file.is_file() else []
             with np.load(directory / "arrays.npz") as arrays:
                 a = {name: arrays[name] for name in arrays.files}
         except (OSError, ValueError, KeyError) as exc:
@@ -122,12 +129,14 @@ class KnowledgeGraph:
             return sp.csr_matrix((a[f"{name}_data"], a[f"{name}_indices"], a[f"{name}_indptr"]), shape=shape)
 
         communities = [
-            Community(c["id"], c["level"], c["parent"], tuple(c["entities"]), c["title"], c["summary"]) for c in raw
+            Community(c["id"], c["level"], c["parent"], tuple(c["entities"]), c["title"], c["summary"], c.get("evidence", ""))
+            for c in raw
         ]
         return cls(
             entities["keys"], entities["names"], entities["types"], a["chunk_shard"], a["chunk_row"],
             matrix("mentions", (n_chunks, n_entities)), matrix("relations", (n_entities, n_entities)),
             communities, info, list(entities.get("descriptions") or []), {(a, b): note for a, b, note in notes},
+            chunk_fps,
         )
 
 
@@ -142,25 +151,35 @@ def build_graph(
     max_community_size: int = 64,
     progress: Callable[[str, int, int], None] | None = None,
     llm: Any = None,
+    store: ExtractionStore | None = None,
+    previous: KnowledgeGraph | None = None,
+    summarizer: Any = None,
 ) -> KnowledgeGraph:
     """The graph of (shard id, row, chunk) triples: extraction, the n-gram linking pass,
     relations, communities. `llm`: an LlmExtractor (graph/llm_extract.py) that reads the chunks
-    instead of `extractor`; its report goes into the graph's info."""
+    instead of `extractor`; its report goes into the graph's info. `store`: chunks already
+    extracted are read from it, the others are extracted and added. `previous`: the graph of
+    the version this one updates; its communities are the start (graph/communities.py).
+    `summarizer`: an LlmSummarizer (graph/llm_summaries.py) writes the community summaries."""
     started = time.perf_counter()
     extractor = extractor or OfflineExtractor()
     places: list[tuple[int, int]] = []
     texts: list[str] = []
     titles: list[str] = []
+    fps: list[str] = []
     for shard, row, chunk in chunks:
         places.append((shard, row))
         texts.append(chunk.text)
         titles.append(chunk.title)
-    extractions: list = [None] * len(texts)
-    report = None
-    if llm is not None:
-        found, extractions, report = asyncio.run(llm.extract_all(list(zip(titles, texts))))
-    else:
-        found = [extractor.extract(text, title) for text, title in zip(texts, titles)]
+        fps.append(chunk_fingerprint(chunk))
+    known = store.read(fps) if store is not None else {}
+    todo = [i for i, fp in enumerate(fps) if fp not in known]
+    entries, report = extract_chunks([(titles[i], texts[i]) for i in todo], extractor, llm)
+    if store is not None:
+        store.write(storable([(fps[i], entry) for i, entry in zip(todo, entries)], llm))
+    known.update((fps[i], entry) for i, entry in zip(todo, entries))
+    found = [known[fp][0] for fp in fps]
+    extractions = [known[fp][1] for fp in fps]
     extract_seconds = time.perf_counter() - started
 
     ids: dict[str, int] = {}
@@ -209,8 +228,12 @@ def build_graph(
         return cache[node]
 
     clock = time.perf_counter()
-    grouped = hierarchical_leiden(relations, max_size=max_community_size)
-    communities = describe(grouped, relations, mentions, names, sentences_of)
+    update = _Update(previous, keys, ids, mentions, fps) if previous is not None and previous.chunk_fps else None
+    grouped = hierarchical_leiden(
+        relations, max_size=max_community_size, initial=update.initial if update else (),
+        keep=update.subtree if update else None,
+    )
+    communities = describe(grouped, relations, mentions, names, sentences_of, reuse=update.summary if update else None)
     community_seconds = time.perf_counter() - clock
     shard = np.asarray([s for s, _ in places], dtype=np.int32)
     row = np.asarray([r for _, r in places], dtype=np.int64)
@@ -228,10 +251,78 @@ def build_graph(
     info = {
         "extractor": llm.name if llm is not None else extractor.name, "created_at": utc_now(),
         **({"llm": report.as_dict()} if report is not None else {}),
+        "extracted": len(todo), "extractions_reused": len(fps) - len(todo),
+        **({"updated": previous.info.get("version"), **update.counts} if update else {}),
         "extract_seconds": round(extract_seconds, 3), "link_seconds": round(link_seconds, 3),
         "community_seconds": round(community_seconds, 3), "build_seconds": round(time.perf_counter() - started, 3),
     }
-    return KnowledgeGraph(keys, names, types, shard, row, mentions, relations, communities, info, descriptions, notes)
+    graph = KnowledgeGraph(keys, names, types, shard, row, mentions, relations, communities, info, descriptions, notes, fps)
+    if summarizer is not None:
+        clock = time.perf_counter()
+        graph.communities, summaries = summarizer.summarize(graph)
+        info.update(summarizer=summarizer.name, llm_summaries=summaries.as_dict(),
+                    summary_seconds=round(time.perf_counter() - clock, 3), build_seconds=round(time.perf_counter() - started, 3))
+    return graph
+
+
+class _Update:
+    """What a build takes from the graph of the version it updates: each level's previous
+    communities as the start of its partitions, and the subtree and summary of a community whose
+    members are mentioned by the same chunks in the same way (a signature of (chunk
+    fingerprint, entity key) pairs) as one of the previous graph's."""
+
+    def __init__(self, previous: KnowledgeGraph, keys: Sequence[str], ids: dict[str, int],
+                 mentions: sp.csr_matrix, fps: Sequence[str]) -> None:
+        self.previous, self.ids = previous, ids
+        self.signature = _signer(mentions, fps, keys)
+        old_signature = _signer(previous.mentions, previous.chunk_fps, previous.keys)
+        levels = 1 + max((c.level for c in previous.communities), default=-1)
+        self.initial = [np.full(len(keys), -1, dtype=np.int64) for _ in range(levels)]
+        self.new_ids = np.asarray([ids.get(k, -1) for k in previous.keys], dtype=np.int64)
+        self.by_signature: dict[tuple[int, bytes], int] = {}
+        for c in previous.communities:
+            members = np.asarray(c.entities, dtype=np.int64)
+            moved = self.new_ids[members]
+            self.initial[c.level][moved[moved >= 0]] = c.id
+            self.by_signature[(c.level, old_signature(np.sort(members)))] = c.id
+        self.counts = {"communities_kept": 0, "summaries_kept": 0}
+
+    def _match(self, level: int, members: np.ndarray) -> int | None:
+        return self.by_signature.get((level, self.signature(members)))
+
+    def subtree(self, level: int, members: np.ndarray) -> list[tuple[int, int, np.ndarray]] | None:
+        found = self._match(level, members)
+        if found is None:
+            return None
+        inside, out = {found: -1}, []
+        for c in self.previous.communities[found + 1 :]:
+            if c.parent in inside:
+                inside[c.id] = len(out)
+                out.append((c.level, inside[c.parent], np.sort(self.new_ids[np.asarray(c.entities, dtype=np.int64)])))
+        self.counts["communities_kept"] += len(out)
+        return out
+
+    def summary(self, level: int, members: np.ndarray) -> str | None:
+        found = self._match(level, members)
+        if found is None:
+            return None
+        self.counts["summaries_kept"] += 1
+        kept = self.previous.communities[found]
+        return kept.evidence or kept.summary  # a model's summary is asked for again (its cache answers)
+
+
+def _signer(mentions: sp.csr_matrix, fps: Sequence[str], keys: Sequence[str]) -> Callable[[np.ndarray], bytes]:
+    by_entity = sp.csc_matrix(mentions)
+    chunk_ids = np.asarray([int(fp[:16], 16) for fp in fps], dtype=np.uint64)
+    key_ids = np.asarray([int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "little") for k in keys], dtype=np.uint64)
+
+    def signature(members: np.ndarray) -> bytes:
+        sub = by_entity[:, members].tocoo()
+        pairs = np.stack([chunk_ids[sub.row], key_ids[members][sub.col]], axis=1)
+        pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+        return hashlib.blake2b(pairs.tobytes(), digest_size=16).digest()
+
+    return signature
 
 
 def index_chunks(shards: Sequence[tuple[int, object]]) -> Iterable[tuple[int, int, Chunk]]:

@@ -7,6 +7,7 @@ incomplete version.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -175,6 +176,7 @@ def test_the_job_builds_the_graph_into_the_version_and_keeps_it(cluster, setting
     v1 = IndexDirectory(tmp_path / "idx").load()
     built = KnowledgeGraph.load(v1.path / GRAPH_DIR)
     assert "graph" in first.seconds and built.info["extractor"] == "offline-v2"
+    assert first.chunks_extracted == first.chunks_read == len(built.chunk_fps)
     rebuilt = ensure_graph(tmp_path / "idx", rebuild=True)[1]
     assert (built.keys, built.sizes()) == (rebuilt.keys, rebuilt.sizes())
     assert (built.mentions != rebuilt.mentions).nnz == 0
@@ -183,9 +185,50 @@ def test_the_job_builds_the_graph_into_the_version_and_keeps_it(cluster, setting
     second = ingest([src], tmp_path / "idx", settings.params(), log=lambda _: None)
     v2 = IndexDirectory(tmp_path / "idx").load()
     assert v2.version == second.version != v1.version
-    assert "mount etna" in KnowledgeGraph.load(v2.path / GRAPH_DIR).entity_ids()
+    updated = KnowledgeGraph.load(v2.path / GRAPH_DIR)
+    assert "mount etna" in updated.entity_ids()
+    assert second.chunks_extracted == 1  # only the new document's chunk is read
+    report = json.loads((tmp_path / "idx" / "ingest-report.json").read_text())["graph"]
+    # the stage read the new chunk before the build: the build finds every chunk in the store
+    assert report["chunks_extracted"] == 1 and report["build"]["extracted"] == 0
+    assert report["build"]["extractions_reused"] == len(updated.chunk_fps) == len(built.chunk_fps) + 1
+    assert report["build"]["updated"] == v1.version and report["llm"] is None
     plain = ingest([src], tmp_path / "plain", settings.params(), shards=2, log=lambda _: None)
     assert plain.version is not None and not (IndexDirectory(tmp_path / "plain").load().path / GRAPH_DIR).exists()
+
+
+def test_a_killed_extraction_reads_only_what_it_had_not_stored(cluster, settings, tmp_path):
+    """The extraction stage stores each batch as it goes: a run that finds part of its chunks
+    stored (as a killed run leaves them) reads only the rest, and its graph is the same."""
+    from llmframe_ray.graph.extractions import STORE_DIR
+    from llmframe_ray.graph.store import GRAPH_DIR, KnowledgeGraph
+
+    src = tmp_path / "src"
+    write_corpus(src, 6)
+    whole = ingest([src], tmp_path / "whole", settings.params(), shards=2, graph=True, log=lambda _: None)
+    store = tmp_path / "whole" / STORE_DIR / "offline-v2"
+    lines = [line for f in sorted(store.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    assert whole.chunks_extracted == len(lines) == whole.chunks_read > 2
+    partial = tmp_path / "resumed" / STORE_DIR / "offline-v2"
+    partial.mkdir(parents=True)
+    (partial / "written-before-the-kill.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    resumed = ingest([src], tmp_path / "resumed", settings.params(), shards=2, graph=True, log=lambda _: None)
+    assert resumed.chunks_extracted == len(lines) - 2
+    a = KnowledgeGraph.load(IndexDirectory(tmp_path / "whole").load().path / GRAPH_DIR)
+    b = KnowledgeGraph.load(IndexDirectory(tmp_path / "resumed").load().path / GRAPH_DIR)
+    assert (a.keys, a.chunk_fps, a.communities) == (b.keys, b.chunk_fps, b.communities)
+    assert (a.mentions != b.mentions).nnz == 0
+
+
+def test_an_llm_graph_extractor_needs_a_key_before_any_work(cluster, tmp_path):
+    src = tmp_path / "src"
+    write_corpus(src, 2)
+    params = load_settings(llm_providers="extractive").params()
+    with pytest.raises(ValueError, match="--extractor llm needs an LLM in the provider chain"):
+        ingest([src], tmp_path / "idx", params, graph=True, graph_extractor="llm", log=lambda _: None)
+    with pytest.raises(ValueError, match="graph extractor must be one of offline, llm, got 'spacy'"):
+        ingest([src], tmp_path / "idx", params, graph=True, graph_extractor="spacy", log=lambda _: None)
+    assert IndexDirectory(tmp_path / "idx").current_version() is None
 
 
 def test_bad_files_are_skipped_and_reported(cluster, settings, tmp_path):

@@ -1,6 +1,7 @@
 """The LLM graph extractor (graph/llm_extract.py) against the fake vendor servers: the exact
 request, entities and relations parsed into the graph, a malformed answer read offline, the
-cache that keeps an unchanged chunk from being sent twice, and the cost."""
+cache that keeps an unchanged chunk from being sent twice, and the cost; and the community
+summaries that the model writes (graph/llm_summaries.py) the same way."""
 
 from __future__ import annotations
 
@@ -115,3 +116,57 @@ def test_a_malformed_answer_is_read_offline_and_asked_again(tmp_path):
     ids = graph.entity_ids()
     assert "corliss archer" in ids and graph.descriptions == [""] * len(ids)  # the offline reading
     assert not (tmp_path / "cache.jsonl").exists()  # nothing cached: the next build asks again
+
+
+def test_community_summaries_written_by_the_model_and_cached(tmp_path):
+    from llmframe_ray.graph.llm_summaries import SCHEMA as SUMMARY_SCHEMA, SYSTEM as SUMMARY_SYSTEM
+    from llmframe_ray.graph.llm_summaries import LlmSummarizer, SummaryCache, community_text
+    from llmframe_ray.graph.store import KnowledgeGraph
+
+    prices = PriceTable({"claude-test": (3.0, 15.0)})
+    with FakeAnthropic() as fake:
+        fake.script.extend([ToolCall("knowledge_graph", FIRST), ToolCall("knowledge_graph", SECOND)])
+        plain = build_graph(triples(), llm=extractor(fake, tmp_path))  # the extractions are cached from here on
+        n = len(plain.communities)
+        assert n >= 2
+        answer = {"communities": [{"n": i, "summary": f"Report  {i}."} for i in range(1, n)]}  # the last one is missing
+        fake.script.append(ToolCall("community_summaries", answer, input_tokens=500, output_tokens=60))
+        summarizer = LlmSummarizer(chain(fake), SummaryCache(tmp_path / "summaries.jsonl"), prices=prices)
+        graph = build_graph(triples(), llm=extractor(fake, tmp_path), summarizer=summarizer)
+        asked = fake.requests[-1].body
+        fake.script.append(ToolCall("community_summaries", {"communities": [{"n": 1, "summary": "The last report."}]}))
+        again = build_graph(triples(), llm=extractor(fake, tmp_path),
+                            summarizer=LlmSummarizer(chain(fake), SummaryCache(tmp_path / "summaries.jsonl"), prices=prices))
+        last = fake.requests[-1].body
+        assert len(fake.requests) == 4  # two extractions, then one summary request per build
+    assert asked["system"] == SUMMARY_SYSTEM and asked["tools"][0]["input_schema"] == SUMMARY_SCHEMA
+    assert asked["tool_choice"] == {"type": "tool", "name": "community_summaries"}
+    assert asked["messages"][0]["content"] == "\n\n".join(f"[{i}] {community_text(plain, c)}" for i, c in enumerate(plain.communities, 1))
+    temple = plain.entity_ids()["shirley templ"]
+    assert f"- Shirley Temple (title): {plain.descriptions[temple]}" in asked["messages"][0]["content"]
+    assert [c.summary for c in graph.communities] == [f"Report {i}." for i in range(1, n)] + [plain.communities[-1].summary]
+    assert [c.evidence for c in graph.communities[:-1]] == [c.summary for c in plain.communities[:-1]]
+    report = graph.info["llm_summaries"]
+    assert {k: report[k] for k in ("communities", "cached", "asked", "requests", "fallback")} == {
+        "communities": n, "cached": 0, "asked": n, "requests": 1, "fallback": 1}
+    assert report["problems"] == [f"communities {n - 1}: no summary in the answer"]
+    assert report["cost_usd"] == round((500 * 3.0 + 60 * 15.0) / 1e6, 8)
+    assert last["messages"][0]["content"] == f"[1] {community_text(plain, plain.communities[-1])}"  # only the missing one
+    assert again.info["llm_summaries"]["cached"] == n - 1 and again.communities[-1].summary == "The last report."
+    back = KnowledgeGraph.load(again.save(tmp_path / "graph"))
+    assert back.communities == again.communities
+
+
+def test_a_malformed_summary_answer_keeps_the_extractive_summaries(tmp_path):
+    from llmframe_ray.graph.llm_summaries import LlmSummarizer, SummaryCache
+
+    with FakeOpenAI() as fake:
+        fake.script.append(ToolCall("community_summaries", {"reports": []}))
+        summarizer = LlmSummarizer(chain(fake, "openai"), SummaryCache(tmp_path / "summaries.jsonl"))
+        graph = build_graph(triples(), summarizer=summarizer)
+    plain = build_graph(triples())
+    assert [c.summary for c in graph.communities] == [c.summary for c in plain.communities]
+    report = graph.info["llm_summaries"]
+    assert (report["fallback"], report["problems"]) == (len(plain.communities), [
+        f"communities 0..{len(plain.communities) - 1}: the answer has no 'communities' list"])
+    assert not (tmp_path / "summaries.jsonl").exists()
