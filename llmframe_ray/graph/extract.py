@@ -36,7 +36,7 @@ MAX_NAME_WORDS = 6
 MAX_QUOTED_WORDS = 8
 PHRASE_WORDS = (2, 4)
 
-_SEGMENT = re.compile(r"[.!?;:,()\[\]{}\"“”«»–—/|]+|\s['‘’]|['‘’]\s")
+_SEGMENT = re.compile(r"[.!?;:,()\[\]{}\"“”«»–—/|]+|\s['‘’]|['‘’]\s|\n\s*\n")  # ... or a paragraph break
 _TOKEN = re.compile(r"[^\W_]+(?:['’.\-&][^\W_]+)*")
 _QUOTED = re.compile(r"[\"“]([^\"“”]{2,80})[\"”]")
 _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
@@ -111,7 +111,7 @@ def _phrases(tokens: list[str]) -> Iterable[list[str]]:
 class OfflineExtractor:
     """Entities of passages and queries by surface cues (module docstring)."""
 
-    name = "offline-v2"  # a graph built by another version is rebuilt (graph/build.py)
+    name = "offline-v3"  # a graph built by another version is rebuilt (graph/build.py)
 
     def extract(self, text: str, title: str = "") -> list[Mention]:
         """The distinct entities of a passage (by key, first type seen wins), in order."""

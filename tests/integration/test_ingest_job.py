@@ -26,6 +26,7 @@ from llmframe_ray.batch.report import REPORT_FILE
 from llmframe_ray.batch.plan import PlanError, shard_of
 from llmframe_ray.batch.staging import STAGING_DIR
 from llmframe_ray.config import load_settings
+from llmframe_ray.graph.extract import OfflineExtractor
 from llmframe_ray.errors import DocumentReadError
 from llmframe_ray.index.versions import IndexDirectory, shard_dir_name
 from llmframe_ray.models.embedder import load_embedder
@@ -175,7 +176,7 @@ def test_the_job_builds_the_graph_into_the_version_and_keeps_it(cluster, setting
     first = ingest([src], tmp_path / "idx", settings.params(), shards=2, graph=True, log=lambda _: None)
     v1 = IndexDirectory(tmp_path / "idx").load()
     built = KnowledgeGraph.load(v1.path / GRAPH_DIR)
-    assert "graph" in first.seconds and built.info["extractor"] == "offline-v2"
+    assert "graph" in first.seconds and built.info["extractor"] == OfflineExtractor.name
     assert first.chunks_extracted == first.chunks_read == len(built.chunk_fps)
     rebuilt = ensure_graph(tmp_path / "idx", rebuild=True)[1]
     assert (built.keys, built.sizes()) == (rebuilt.keys, rebuilt.sizes())
@@ -206,10 +207,10 @@ def test_a_killed_extraction_reads_only_what_it_had_not_stored(cluster, settings
     src = tmp_path / "src"
     write_corpus(src, 6)
     whole = ingest([src], tmp_path / "whole", settings.params(), shards=2, graph=True, log=lambda _: None)
-    store = tmp_path / "whole" / STORE_DIR / "offline-v2"
+    store = tmp_path / "whole" / STORE_DIR / OfflineExtractor.name
     lines = [line for f in sorted(store.glob("*.jsonl")) for line in f.read_text().splitlines()]
     assert whole.chunks_extracted == len(lines) == whole.chunks_read > 2
-    partial = tmp_path / "resumed" / STORE_DIR / "offline-v2"
+    partial = tmp_path / "resumed" / STORE_DIR / OfflineExtractor.name
     partial.mkdir(parents=True)
     (partial / "written-before-the-kill.jsonl").write_text("\n".join(lines[:2]) + "\n")
     resumed = ingest([src], tmp_path / "resumed", settings.params(), shards=2, graph=True, log=lambda _: None)
@@ -324,3 +325,44 @@ def test_a_driver_killed_mid_embedding_is_completed_by_running_it_again(cluster,
     embedder = load_embedder(settings.params().embedder)
     for mode in (SearchMode.BM25, SearchMode.HYBRID):
         assert_same_rankings(index, tmp_path / "clean", settings, embedder, mode)
+
+
+def test_the_job_reads_entities_and_writes_summaries_with_an_llm(cluster, tmp_path):
+    """ingest --graph --graph-extractor llm: the extraction stage sends the new chunks to the
+    model (the fake vendor server), the graph task has it summarise the communities, and the
+    report carries the usage; a second run with one new document sends only that chunk."""
+    from llmframe_ray.graph.store import GRAPH_DIR, KnowledgeGraph
+    from tests.fakes.vendors import FakeAnthropic, ToolCall
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "film.md").write_text("# Kiss and Tell\n\nKiss and Tell is a comedy starring Shirley Temple as Corliss Archer.\n")
+    (src / "temple.md").write_text("# Shirley Temple\n\nShirley Temple Black was an American actress and diplomat.\n")
+    entities = {"passages": [
+        {"n": n, "entities": [{"name": "Shirley Temple", "type": "person", "description": "An American actress."},
+                              {"name": "Corliss Archer", "type": "person", "description": "A character."}],
+         "relations": [{"source": "Shirley Temple", "target": "Corliss Archer", "description": "She played her."}]}
+        for n in (1, 2)
+    ]}
+    with FakeAnthropic() as fake:
+        params = load_settings(llm_providers="anthropic,extractive", anthropic_api_key="k", anthropic_base_url=fake.base_url,
+                               anthropic_model="claude-test").params()
+        fake.script.extend([ToolCall("knowledge_graph", entities, input_tokens=200, output_tokens=80),
+                            ToolCall("community_summaries", {"communities": [{"n": 1, "summary": "Shirley Temple played Corliss Archer."}]})])
+        first = ingest([src], tmp_path / "idx", params, graph=True, graph_extractor="llm", log=lambda _: None)
+        (src / "lava.md").write_text("# Mount Etna\n\nMount Etna is a volcano in Sicily.\n")
+        fake.script.append(ToolCall("knowledge_graph", {"passages": [{"n": 1, "entities": [], "relations": []}]}))
+        second = ingest([src], tmp_path / "idx", params, log=lambda _: None, graph_extractor="llm")
+        bodies = [r.body for r in fake.requests]
+    assert [b["tools"][0]["name"] for b in bodies] == ["knowledge_graph", "community_summaries", "knowledge_graph"]
+    assert bodies[0]["messages"][0]["content"].count("\n\n[") == 1  # both chunks in one request
+    assert bodies[2]["messages"][0]["content"] == "[1] Mount Etna\n# Mount Etna\n\nMount Etna is a volcano in Sicily."
+    assert first.extraction["asked"] == 2 and first.extraction["input_tokens"] == 200
+    assert second.chunks_extracted == 1
+    graph = KnowledgeGraph.load(IndexDirectory(tmp_path / "idx").load().path / GRAPH_DIR)
+    assert graph.info["extractor"] == "llm-v1" and graph.info["summarizer"] == "llm-summary-v1"
+    temple = graph.entity_ids()["shirley templ"]
+    assert graph.descriptions[temple] == "An American actress."
+    summaries = {c.summary for c in graph.communities}
+    assert "Shirley Temple played Corliss Archer." in summaries
+    assert graph.info["llm_summaries"]["cached"] >= 1  # the unchanged community was not sent again

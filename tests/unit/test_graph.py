@@ -75,6 +75,12 @@ def test_extractor_reads_titles_quotes_names_and_phrases():
     ]
 
 
+def test_a_paragraph_break_ends_a_name():
+    """A Markdown heading and the paragraph under it are not one capitalised run."""
+    found = OfflineExtractor().extract("# Shirley Temple\n\nShirley Temple Black was an actress.\nShe was born in Santa\nMonica.")
+    assert [m.surface for m in found if m.type == "name"] == ["Shirley Temple", "Shirley Temple Black", "Santa Monica"]
+
+
 def test_scare_quotes_are_not_entities():
     got = [(m.surface, m.type) for m in OfflineExtractor().extract('A "useful" system and the "Bradford distribution" law.')]
     assert got == [("Bradford distribution", "quoted")]
