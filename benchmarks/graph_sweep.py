@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/graph_sweep.py      # SciFact train + HotpotQA questions 1-100
 
-For each collection: hybrid once, then hybrid-graph for every (seed types, depth, weight), each
+For each collection: hybrid once, then hybrid-graph for every (seed types, depth, seed cap, name-embedding threshold, weight), each
 scored from a written TREC run file (nDCG@10, and R_all@10 where every query has two or more
 relevant documents). The knowledge graph is built with the cached index on first use.
 """
@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--weights", default="0.1,0.25,0.5,1.0")
     parser.add_argument("--depths", default="1,2")
     parser.add_argument("--seeds", default="all,names,names2,titles")
-    parser.add_argument("--max-seed-chunks", default="none", help="Comma-separated caps (none: no cap).")
+    parser.add_argument("--max-seed-chunks", default="20", help="Comma-separated caps (none: no cap).")
+    parser.add_argument("--name-match", default="off", help="Comma-separated cosine thresholds for seeds by name embedding (off: none).")
     args = parser.parse_args()
     params = load_settings().params()
     embedder = load_embedder(params.embedder)
@@ -62,22 +63,25 @@ def main() -> None:
     for name, split, first in TUNE:
         dataset = load_split(name, split, first)
         root = cached_index(dataset, params.index, embedder, params.indexes_dir, stderr_progress())
-        ensure_graph(root)
+        ensure_graph(root, embed=embedder.embed)
         pipeline = Pipeline.open(root, embedder, params.retrieval)
         loaded = IndexDirectory(root).load()
         base = scores(write_run(out / f"{name}-hybrid.trec", run_mode(pipeline, dataset, SearchMode.HYBRID), "hybrid"), dataset)
         print(f"\n{label(name, split, first)}: hybrid " + " ".join(f"{k} {v:.4f}" for k, v in base.items()))
-        print(f"{'seeds':<6} {'depth':>5} {'cap':>5} {'weight':>6} {'nDCG@10':>8} {'delta':>7}" + ("  R_all@10  delta" if "R_all@10" in base else ""))
+        print(f"{'seeds':<6} {'depth':>5} {'cap':>5} {'names':>5} {'weight':>6} {'nDCG@10':>8} {'delta':>7}" + ("  R_all@10  delta" if "R_all@10" in base else ""))
         caps = [None if c == "none" else int(c) for c in args.max_seed_chunks.split(",")]
-        for seed, depth, cap in itertools.product(seeds, depths, caps):
-            graph_params = GraphParams(depth=depth, seed_types=SEEDS[seed][0], min_name_words=SEEDS[seed][1], max_seed_chunks=cap)
+        matches = [None if m == "off" else float(m) for m in args.name_match.split(",")]
+        for seed, depth, cap, match in itertools.product(seeds, depths, caps, matches):
+            graph_params = GraphParams(depth=depth, seed_types=SEEDS[seed][0], min_name_words=SEEDS[seed][1], max_seed_chunks=cap,
+                                       name_match=match)
             pipeline.load_graph(loaded.path, loaded.shard_ids, graph_params)
             for weight in weights:
                 fusion = replace(params.retrieval.fusion, weights={**params.retrieval.fusion.weights, "graph": weight})
                 pipeline.retrieval = replace(params.retrieval, fusion=fusion)
                 run = run_mode(pipeline, dataset, SearchMode.HYBRID_GRAPH)
-                got = scores(write_run(out / f"{name}-{seed}-{depth}-{cap}-{weight}.trec", run, "hybrid-graph"), dataset)
-                line = f"{seed:<6} {depth:>5} {str(cap):>5} {weight:>6} {got['nDCG@10']:>8.4f} {got['nDCG@10'] - base['nDCG@10']:>+7.4f}"
+                got = scores(write_run(out / f"{name}-{seed}-{depth}-{cap}-{match}-{weight}.trec", run, "hybrid-graph"), dataset)
+                line = (f"{seed:<6} {depth:>5} {str(cap):>5} {str(match or 'off'):>5} {weight:>6} {got['nDCG@10']:>8.4f} "
+                        f"{got['nDCG@10'] - base['nDCG@10']:>+7.4f}")
                 if "R_all@10" in got:
                     line += f"  {got['R_all@10']:>8.4f} {got['R_all@10'] - base['R_all@10']:>+6.4f}"
                 print(line, flush=True)

@@ -105,7 +105,7 @@ def main() -> None:
     if args.graph:
         from llmframe_ray.graph.build import ensure_graph
 
-        ensure_graph(root)
+        ensure_graph(root, embed=embedder.embed)
     pipeline = Pipeline.open(root, embedder, params.retrieval)
     queries = list(dataset.queries.values())
     modes = [*INDEX_MODES, SearchMode.GRAPH, SearchMode.HYBRID_GRAPH] if args.graph else list(INDEX_MODES)

@@ -155,7 +155,9 @@ def ingest(
     if graph and result.version is None and result.exit_code in (0, 3):  # unchanged: the served version gets one
         from llmframe_ray.graph.build import ensure_graph
 
-        folder, built_graph, built = ensure_graph(index)
+        from llmframe_ray.models.embedder import load_embedder
+
+        folder, built_graph, built = ensure_graph(index, embed=load_embedder(params.embedder).embed)
         typer.echo(f"knowledge graph {'built' if built else 'already there'}: {built_graph.sizes()}", err=True)
     if adapt_reranker is not None:  # the optional step: a reranker at home in this corpus
         _train_reranker(None, index, "train", adapt_reranker, adapt_teacher, 1000, layers=adapt_layers)
@@ -242,7 +244,7 @@ def eval_command(
     if any(m.search[0].uses_graph for m in modes):
         from llmframe_ray.graph.build import ensure_graph
 
-        folder, graph, built = ensure_graph(root)
+        folder, graph, built = ensure_graph(root, embed=embedder.embed)
         typer.echo(f"knowledge graph {'built' if built else 'loaded'}: {folder} {graph.sizes()}", err=True)
     pipeline = Pipeline.open(root, embedder, params.retrieval, encoder, params.rerank)
     indexed = sum(int(s.manifest.counts["documents"]) for s in pipeline.shards)

@@ -29,14 +29,17 @@ def graph_build(
 
     if extractor not in ("offline", "llm"):
         fail(f"--extractor must be offline or llm, got {extractor!r}")
+    from llmframe_ray.models.embedder import load_embedder
+
     llm = summarizer = None
+    params = load_settings().params()
     try:
         if extractor == "llm":
-            params = load_settings().params()
             llm, summarizer = llm_extractor(index, params), llm_summarizer(index, params)
     except ValueError as exc:
         fail(str(exc))
-    folder, graph, built = ensure_graph(index, version, rebuild=rebuild, llm=llm, summarizer=summarizer)
+    embed = load_embedder(params.embedder).embed
+    folder, graph, built = ensure_graph(index, version, rebuild=rebuild, llm=llm, summarizer=summarizer, embed=embed)
     info = graph.info
     for part, what, fallback in (("llm", "llm extraction", "read offline"), ("llm_summaries", "llm community summaries", "extractive summary kept")):
         if part in info:

@@ -108,6 +108,7 @@ class Settings(PipelineSettings):
     graph_weight: float = Field(1.0, ge=0, validation_alias=_env("GRAPH_WEIGHT"))
     graph_depth: int = Field(2, ge=1, le=4, validation_alias=_env("GRAPH_DEPTH"))  # hops of the graph ranker's walk
     graph_max_seed_chunks: int = Field(20, ge=1, validation_alias=_env("GRAPH_MAX_SEED_CHUNKS"))
+    graph_name_match: float | None = Field(None, ge=-1, le=1, validation_alias=_env("GRAPH_NAME_MATCH"))  # cosine; unset: off
 
     # Reranking: a cross-encoder rescores the top `reranker_depth` hits
     reranker_enabled: bool = Field(False, validation_alias=_env("RERANKER_ENABLED", "RERANKER_ENABLED"))
@@ -280,7 +281,7 @@ class Settings(PipelineSettings):
                 ),
                 hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe,
                 verify_on_load=self.index_verify_on_load, max_pending=self.max_pending_searches,
-                graph=GraphParams(depth=self.graph_depth, max_seed_chunks=self.graph_max_seed_chunks),
+                graph=GraphParams(depth=self.graph_depth, max_seed_chunks=self.graph_max_seed_chunks, name_match=self.graph_name_match),
             ),
             rerank=rerank,
             reranker_model=RerankerModelParams(

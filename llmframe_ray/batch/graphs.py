@@ -15,6 +15,7 @@ carries the model's usage and cost.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +62,19 @@ def extract(rows: Any, needed: frozenset[str], index_dir: Path, params: Params, 
 
 
 def graph_task(version_dir: str, version: str, shard_ids: list[int], index_dir: str, previous_dir: str | None,
-               params: Params | None) -> dict:
-    """Build and store the graph of a staged version (a Ray task); `params` given: the LLM
-    extractor, for chunks the stage did not read. Returns the graph's sizes and build info."""
+               params: Params, llm: bool = False) -> dict:
+    """Build and store the graph of a staged version (a Ray task), the entity names embedded by
+    the index's model; `llm`: the LLM extractor reads the chunks the stage did not read, and
+    writes the community summaries. Returns the graph's sizes and build info."""
     from llmframe_ray.graph.build import llm_extractor, llm_summarizer
     from llmframe_ray.graph.extractions import extractor_name
     from llmframe_ray.graph.store import KnowledgeGraph, build_graph, index_chunks
     from llmframe_ray.index.shard import IndexShard
 
-    llm = llm_extractor(index_dir, params) if params is not None else None
-    summarizer = llm_summarizer(index_dir, params) if params is not None else None
+    from llmframe_ray.models.embedder import load_embedder
+
+    summarizer = llm_summarizer(index_dir, params) if llm else None
+    llm = llm_extractor(index_dir, params) if llm else None
     store = ExtractionStore(index_dir, extractor_name(llm))
     previous = None
     if previous_dir is not None and (Path(previous_dir) / GRAPH_DIR).is_dir():
@@ -78,7 +82,9 @@ def graph_task(version_dir: str, version: str, shard_ids: list[int], index_dir: 
         if previous.info.get("extractor") != extractor_name(llm):
             previous = None  # another extractor's graph: nothing to start from
     shards = [(i, IndexShard.load(Path(version_dir) / shard_dir_name(i))) for i in shard_ids]
-    graph = build_graph(index_chunks(shards), llm=llm, store=store, previous=previous, summarizer=summarizer)
+    embedder = load_embedder(replace(params.embedder, threads=1))  # the task holds one CPU
+    graph = build_graph(index_chunks(shards), llm=llm, store=store, previous=previous, summarizer=summarizer,
+                        embed=embedder.embed)
     graph.info["version"] = version
     graph.save(Path(version_dir) / GRAPH_DIR)
     dropped = store.compact(graph.chunk_fps)  # chunks no longer in the index

@@ -229,7 +229,7 @@ def _build_and_commit(result, plan, directory, previous, version, tmp, fresh_chu
         clock = time.perf_counter()
         task = ray.remote(num_cpus=scale)(graphs.graph_task)
         built_graph = ray.get(task.remote(str(tmp), version, sorted(built), str(directory.root),
-                                          str(previous.path) if previous else None, params if graph == "llm" else None))
+                                          str(previous.path) if previous else None, params, graph == "llm"))
         result.seconds["graph"] = time.perf_counter() - clock
         result.graph = built_graph["info"]
         log("knowledge graph: " + ", ".join(f"{v} {k}" for k, v in built_graph["sizes"].items()) + graphs.describe_build(built_graph["info"]))

@@ -20,23 +20,28 @@ def ensure_graph(
     progress: Callable[[str, int, int], None] | None = None,
     llm: Any = None,
     summarizer: Any = None,
+    embed: Callable[[list[str]], Any] | None = None,
 ) -> tuple[Path, KnowledgeGraph, bool]:
     """The graph of `version` (default: the served one), built and stored there if it has
     none yet, one by another extractor (version), or `rebuild`: (its folder, the graph, whether
     it was built now). `llm`: an LlmExtractor reads the chunks (graph/llm_extract.py). Chunks
     already in the index's extraction store (graph/extractions.py) are not read again.
-    `summarizer`: an LlmSummarizer writes the community summaries (graph/llm_summaries.py)."""
+    `summarizer`: an LlmSummarizer writes the community summaries (graph/llm_summaries.py).
+    `embed`: the index's embedder, for the entity name vectors; a graph built without them is
+    built again when it is given."""
     index = IndexDirectory(index_dir)
     loaded = index.load(version)
     directory = loaded.path / GRAPH_DIR
     if directory.is_dir() and not rebuild:
         graph = KnowledgeGraph.load(directory)
-        if graph.info.get("extractor") == (OfflineExtractor.name if llm is None else llm.name):
+        if graph.info.get("extractor") == (OfflineExtractor.name if llm is None else llm.name) and (
+            embed is None or "names_embedded" in graph.info
+        ):
             return directory, graph, False
     graph = build_graph(
         index_chunks(list(zip(loaded.shard_ids, loaded.shards))),
         max_community_size=max_community_size, progress=progress, llm=llm,
-        store=ExtractionStore(index.root, extractor_name(llm)), summarizer=summarizer,
+        store=ExtractionStore(index.root, extractor_name(llm)), summarizer=summarizer, embed=embed,
     )
     graph.info["version"] = loaded.version
     with index.writer_lock():

@@ -21,9 +21,16 @@ class GraphParams:
     # An entity named in more chunks is a topic ("information retrieval"), not a seed. 20 and no cap
     # rank the tuning queries alike; the cap was set after CISI's test queries lost with none.
     max_seed_chunks: int | None = 20
+    # A title or quoted name whose embedded name is at least this close (cosine) to the query's
+    # embedding seeds too, the `name_match_top` closest (graph/rank.py); None: off. Needs the
+    # query's embedding (hybrid-graph has it) and a graph built with name vectors.
+    name_match: float | None = None
+    name_match_top: int = 3
 
     def __post_init__(self) -> None:
         if not 1 <= self.depth <= 4:
             raise ValueError(f"graph depth must be 1 to 4, got {self.depth}")
         if not 0.0 <= self.hop_decay <= 1.0:
             raise ValueError(f"hop_decay must be in [0, 1], got {self.hop_decay}")
+        if self.name_match is not None and not -1.0 <= self.name_match <= 1.0:
+            raise ValueError(f"name_match must be a cosine in [-1, 1], got {self.name_match}")

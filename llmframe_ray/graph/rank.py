@@ -1,8 +1,10 @@
 """The graph ranker: a query's entities -> spreading activation over the graph -> ranked chunks.
 
     seeds     the entities the query names: the extractor's own reading of it, and every known
-              entity whose key is one of its word n-grams (extract.match_known); each weighs
-              its idf, log(1 + chunks / chunks naming it), the strongest `max_seeds` kept
+              entity whose key is one of its word n-grams (extract.match_known); with
+              `name_match` set, also the titles whose embedded names are closest to the query's
+              embedding; each weighs its idf, log(1 + chunks / chunks naming it), the strongest
+              `max_seeds` kept
     hop 1     each seed's weight spreads over the chunks naming it, in proportion to the
               mention weights (a chunk titled by the entity takes TITLE_WEIGHT shares)
     hop 2..   each reached chunk's activation spreads over the entities it names (in proportion
@@ -17,6 +19,8 @@ gets an empty list, so fused with other rankers it changes nothing.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -52,22 +56,40 @@ class GraphRanker:
         named.extend(match_known(query, self.multi, single=self.single))
         return list(dict.fromkeys(named))
 
-    def seeds(self, query: str) -> dict[int, float]:
-        """The query's entities of the seed types and their weights (idf), the strongest `max_seeds`."""
+    def meant(self, vectors: np.ndarray | None) -> list[list[int]]:
+        """Per query embedding: the seedable entities whose embedded names are closest to it, at
+        least `name_match` (cosine), the `name_match_top` closest."""
+        threshold, graph = self.params.name_match, self.graph
+        if vectors is None or threshold is None or not len(graph.name_entities):
+            return [[] for _ in range(0 if vectors is None else len(vectors))]
+        similar = np.asarray(vectors, dtype=np.float32) @ graph.name_vectors.astype(np.float32).T
+        top = min(self.params.name_match_top, similar.shape[1])
+        out = []
+        for row in similar:
+            best = np.argpartition(-row, top - 1)[:top]
+            best = best[row[best] >= threshold]
+            out.append(graph.name_entities[best[np.argsort(-row[best], kind="stable")]].tolist())
+        return out
+
+    def seeds(self, query: str, meant: Sequence[int] = ()) -> dict[int, float]:
+        """The query's entities of the seed types (named in it, or `meant` by its embedding) and
+        their weights (idf), the strongest `max_seeds`."""
         types, keys, shortest = self.graph.types, self.graph.keys, self.params.min_name_words
         named = {
-            e for e in self.named(query)
+            e for e in [*self.named(query), *meant]
             if types[e] in self.params.seed_types and (types[e] != NAME or keys[e].count(" ") + 1 >= shortest)
             and (self.params.max_seed_chunks is None or self.df[e] <= self.params.max_seed_chunks)
         }
         ranked = sorted(named, key=lambda e: (-self.idf[e], e))[: self.params.max_seeds]
         return {e: float(self.idf[e]) for e in ranked}
 
-    def scores(self, queries: list[str]) -> sp.csr_matrix:
-        """Queries x chunk nodes: each chunk's activation (0: not reached)."""
+    def scores(self, queries: list[str], vectors: np.ndarray | None = None) -> sp.csr_matrix:
+        """Queries x chunk nodes: each chunk's activation (0: not reached). `vectors`: the
+        queries' embeddings, for seeds by name embedding (`meant`)."""
         rows, cols, data = [], [], []
+        meant = self.meant(vectors) if vectors is not None else [[] for _ in queries]
         for q, query in enumerate(queries):
-            for entity, weight in self.seeds(query).items():
+            for entity, weight in self.seeds(query, meant[q]).items():
                 rows.append(q)
                 cols.append(entity)
                 data.append(weight)
@@ -81,10 +103,11 @@ class GraphRanker:
             total = total + factor * reached
         return sp.csr_matrix(total)
 
-    def search(self, queries: list[str], k: int, allowed: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    def search(self, queries: list[str], k: int, allowed: np.ndarray | None = None,
+               vectors: np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each query's top `k` chunk nodes and scores, best first (ties: the lower node);
         `allowed` (a bool per node) keeps the others out."""
-        matrix = self.scores(queries)
+        matrix = self.scores(queries, vectors)
         out = []
         for q in range(len(queries)):
             start, end = matrix.indptr[q], matrix.indptr[q + 1]

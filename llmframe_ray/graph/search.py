@@ -67,11 +67,13 @@ class GraphSearch:
                 out[nodes] = mask[self.rows[nodes]]
         return out
 
-    def search(self, queries: Sequence[str], k: int, level: ResultLevel | str, where: Filter | None = None) -> ShardAnswer:
+    def search(self, queries: Sequence[str], k: int, level: ResultLevel | str, where: Filter | None = None,
+               vectors: np.ndarray | None = None) -> ShardAnswer:
         """Each query's top `k` chunks, or best chunks of its top `k` documents, ordered by
-        score, then document key, row and shard (retrieve/candidates.py's order rules)."""
+        score, then document key, row and shard (retrieve/candidates.py's order rules).
+        `vectors`: the queries' embeddings, where the plan has them (graph/rank.py: meant)."""
         level = ResultLevel.from_str(level)
-        found = self.ranker.search(list(queries), self.graph.n_chunks, self.allowed(where))
+        found = self.ranker.search(list(queries), self.graph.n_chunks, self.allowed(where), vectors)
         nodes_out, scores_out = [], []
         for nodes, scores in found:
             scores = scores.astype(np.float32)

@@ -6,7 +6,8 @@
       entities.json    {"keys": [...], "names": [...], "types": [...]}
       communities.json [{"id", "level", "parent", "size", "title", "summary", "entities"}, ...]
       chunks.json      the fingerprint of each chunk node (batch/plan.py), what an update compares
-      arrays.npz       chunk_shard, chunk_row (a chunk node's place in the index), the mention
+      arrays.npz       chunk_shard, chunk_row (a chunk node's place in the index), name_entities
+                       and name_vectors (the embedded names of titles and quoted names), the mention
                        matrix (chunks x entities; the chunk's own title entity weighs
                        TITLE_WEIGHT, other mentions 1) and the relation matrix (entities x
                        entities: chunks naming both), both CSR
@@ -60,6 +61,10 @@ class KnowledgeGraph:
     descriptions: list[str] = field(default_factory=list)  # per entity, from an LLM extractor ("" none)
     relation_notes: dict[tuple[int, int], str] = field(default_factory=dict)  # (a, b), a < b: what links them
     chunk_fps: list[str] = field(default_factory=list)  # per chunk node: its fingerprint (batch/plan.py)
+    # The embeddings of the seedable entities' names (titles, quoted names): a query's own
+    # embedding finds the entities it means without naming them word for word (graph/rank.py).
+    name_entities: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    name_vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float16))
 
     @property
     def n_chunks(self) -> int:
@@ -88,7 +93,8 @@ class KnowledgeGraph:
         directory = Path(directory)
         tmp = atomic.temp_sibling(directory)
         tmp.mkdir(parents=True)
-        arrays = {"chunk_shard": self.chunk_shard, "chunk_row": self.chunk_row}
+        arrays = {"chunk_shard": self.chunk_shard, "chunk_row": self.chunk_row,
+                  "name_entities": self.name_entities, "name_vectors": self.name_vectors}
         for name, matrix in (("mentions", self.mentions), ("relations", self.relations)):
             arrays.update({f"{name}_indptr": matrix.indptr, f"{name}_indices": matrix.indices, f"{name}_data": matrix.data})
         np.savez(tmp / "arrays.npz", **arrays)
@@ -136,7 +142,8 @@ class KnowledgeGraph:
             entities["keys"], entities["names"], entities["types"], a["chunk_shard"], a["chunk_row"],
             matrix("mentions", (n_chunks, n_entities)), matrix("relations", (n_entities, n_entities)),
             communities, info, list(entities.get("descriptions") or []), {(a, b): note for a, b, note in notes},
-            chunk_fps,
+            chunk_fps, a.get("name_entities", np.zeros(0, dtype=np.int64)),
+            a.get("name_vectors", np.zeros((0, 0), dtype=np.float16)),
         )
 
 
@@ -154,13 +161,16 @@ def build_graph(
     store: ExtractionStore | None = None,
     previous: KnowledgeGraph | None = None,
     summarizer: Any = None,
+    embed: Callable[[list[str]], np.ndarray] | None = None,
 ) -> KnowledgeGraph:
     """The graph of (shard id, row, chunk) triples: extraction, the n-gram linking pass,
     relations, communities. `llm`: an LlmExtractor (graph/llm_extract.py) that reads the chunks
     instead of `extractor`; its report goes into the graph's info. `store`: chunks already
     extracted are read from it, the others are extracted and added. `previous`: the graph of
     the version this one updates; its communities are the start (graph/communities.py).
-    `summarizer`: an LlmSummarizer (graph/llm_summaries.py) writes the community summaries."""
+    `summarizer`: an LlmSummarizer (graph/llm_summaries.py) writes the community summaries.
+    `embed`: the index's embedder (texts -> unit vectors) embeds the seedable entities' names
+    (those `previous` has are taken from it)."""
     started = time.perf_counter()
     extractor = extractor or OfflineExtractor()
     places: list[tuple[int, int]] = []
@@ -257,12 +267,31 @@ def build_graph(
         "community_seconds": round(community_seconds, 3), "build_seconds": round(time.perf_counter() - started, 3),
     }
     graph = KnowledgeGraph(keys, names, types, shard, row, mentions, relations, communities, info, descriptions, notes, fps)
+    if embed is not None:
+        clock = time.perf_counter()
+        graph.name_entities, graph.name_vectors, embedded = _name_vectors(keys, names, types, embed, previous)
+        info.update(names_embedded=embedded, name_seconds=round(time.perf_counter() - clock, 3))
     if summarizer is not None:
         clock = time.perf_counter()
         graph.communities, summaries = summarizer.summarize(graph)
         info.update(summarizer=summarizer.name, llm_summaries=summaries.as_dict(),
                     summary_seconds=round(time.perf_counter() - clock, 3), build_seconds=round(time.perf_counter() - started, 3))
     return graph
+
+
+def _name_vectors(keys, names, types, embed, previous) -> tuple[np.ndarray, np.ndarray, int]:
+    """(entity ids, float16 unit vectors of their names, how many were embedded now) for the
+    titles and quoted names; a name the previous graph embedded is taken from it."""
+    wanted = np.asarray([i for i, t in enumerate(types) if t in (TITLE, QUOTED)], dtype=np.int64)
+    known: dict[str, np.ndarray] = {}
+    if previous is not None and len(previous.name_entities):
+        known = {previous.keys[e]: v for e, v in zip(previous.name_entities.tolist(), previous.name_vectors)}
+    todo = [int(e) for e in wanted if keys[e] not in known]
+    fresh = dict(zip(todo, embed([names[e] for e in todo]))) if todo else {}
+    if not len(wanted):
+        return wanted, np.zeros((0, 0), dtype=np.float16), 0
+    vectors = np.stack([fresh[e] if e in fresh else known[keys[e]] for e in wanted.tolist()]).astype(np.float16)
+    return wanted, vectors, len(todo)
 
 
 class _Update:

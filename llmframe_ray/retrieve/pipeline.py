@@ -204,10 +204,11 @@ class _DirectBackend(DirectCalls):
         held = [(s, self.pipeline.shards[s]) for s in shards]
         return search_together(held, Ranker.from_str(ranker) is Ranker.BM25, inputs, k, where)
 
-    def search_graph(self, queries: Sequence[str], k: int, level: ResultLevel, where: Filter | None = None) -> ShardResults:
+    def search_graph(self, queries: Sequence[str], k: int, level: ResultLevel, where: Filter | None = None,
+                     vectors: np.ndarray | None = None) -> ShardResults:
         if self.pipeline.graph is None:
             raise StrategyError("retrieval_strategy", GRAPH_MISSING)
-        return self.pipeline.graph.search(queries, k, level, where)
+        return self.pipeline.graph.search(queries, k, level, where, vectors)
 
     def read_chunks(self, shard: int, rows: Sequence[int]) -> list[Chunk]:
         return self.pipeline.shards[shard].chunks(list(rows))

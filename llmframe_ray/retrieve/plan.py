@@ -107,6 +107,7 @@ class SearchGraph:
     k: int
     level: ResultLevel
     where: Filter | None = None
+    vectors: np.ndarray | None = field(default=None, compare=False)  # the queries' embeddings, when the plan has them
 
     @property
     def shard(self) -> int:
@@ -166,7 +167,7 @@ def answer_request(backend: Any, request: Request) -> Any:
     if isinstance(request, SearchShards):
         return backend.search_together(request.shards, request.ranker, request.inputs, request.k, request.where)
     if isinstance(request, SearchGraph):
-        return backend.search_graph(request.queries, request.k, request.level, request.where)
+        return backend.search_graph(request.queries, request.k, request.level, request.where, request.vectors)
     if isinstance(request, ReadChunks):
         return backend.read_chunks(request.shard, request.rows)
     raise TypeError(f"not a retrieval plan request: {request!r}")
@@ -228,7 +229,8 @@ def retrieval_plan(
             rankers, len(queries), depth, level, shard_sizes, _units(shard_sizes, together), where
         )
     if mode.uses_graph:
-        (graph,) = yield [SearchGraph(tuple(queries), depth, level, where)]
+        embedded = np.ascontiguousarray(vectors, dtype=np.float32) if mode.uses_dense else None
+        (graph,) = yield [SearchGraph(tuple(queries), depth, level, where, embedded)]
         per_ranker[GRAPH] = [merge_parts(GRAPH, [graph.part(i, -1)], graph.count(i)) for i in range(len(queries))]
 
     ranked = []

@@ -131,7 +131,7 @@ def answer_all(loaded: Loaded, version: str, requests: Sequence[Request], graph:
         if isinstance(request, SearchGraph):
             if graph is None:
                 raise StrategyError("retrieval_strategy", GRAPH_MISSING)
-            out.append(graph.search(request.queries, request.k, request.level, request.where))
+            out.append(graph.search(request.queries, request.k, request.level, request.where, request.vectors))
             continue
         asked = request.shards if isinstance(request, SearchShards) else (request.shard,)
         missing = [s for s in asked if s not in loaded]

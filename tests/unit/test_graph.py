@@ -315,3 +315,41 @@ def test_graph_routes_without_a_graph_are_404(tmp_path):
         response = client.post("/v1/search", headers=AUTH, json={"query": "Etna", "mode": "bm25", "include_communities": True})
         assert response.status_code == 422
         assert response.json()["error"]["field"] == "include_communities"
+
+
+def bag_of_words(texts):
+    """A stand-in embedder: each word hashed into DIM dimensions, unit length."""
+    out = np.zeros((len(texts), DIM), dtype=np.float32)
+    for i, text in enumerate(texts):
+        for word in text.lower().split():
+            out[i, sum(map(ord, word.strip("?,."))) % DIM] += 1.0
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+
+def test_a_title_meant_but_not_named_seeds_through_its_embedded_name(tmp_path):
+    root = index_without_graph(tmp_path)
+    graph = ensure_graph(root, embed=bag_of_words)[1]
+    titles = sorted(graph.names[e] for e in graph.name_entities.tolist())
+    assert titles == sorted(title_surface(t) for t, _ in DOCS.values())  # no quoted names in these chunks
+    assert graph.name_vectors.dtype == np.float16 and graph.info["names_embedded"] == len(titles)
+    assert ensure_graph(root, embed=bag_of_words)[2] is False  # built with name vectors: kept
+    query = "Archer Corliss meet"  # the title's words, not its word order: no n-gram names it
+    ranker = GraphRanker(graph, GraphParams(name_match=0.99))
+    archer = graph.entity_ids()["meet corliss archer"]
+    assert archer not in ranker.seeds(query)
+    assert ranker.meant(bag_of_words([query])) == [[archer]]
+    assert archer in ranker.seeds(query, [archer])
+    assert GraphRanker(graph, GraphParams()).meant(bag_of_words([query])) == [[]]  # off by default
+
+    loaded = IndexDirectory(root).load()
+    pipeline = Pipeline(loaded.shards, None)
+
+    def hits(mode, params):
+        pipeline.load_graph(loaded.path, loaded.shard_ids, params)
+        plan = retrieval_plan([query], mode, ResultLevel.DOCUMENT, 5, [len(s) for s in pipeline.shards], FusionParams(),
+                              bag_of_words([query]), together=[range(len(pipeline.shards))])
+        return run_plan(plan, _DirectBackend(pipeline))[0]
+
+    assert [h.doc_id for h in hits(SearchMode.HYBRID_GRAPH, GraphParams(name_match=0.99)) if "graph" in h.ranks][:1] == ["archer"]
+    assert not [h for h in hits(SearchMode.HYBRID_GRAPH, GraphParams()) if "graph" in h.ranks]
+    assert hits(SearchMode.GRAPH, GraphParams(name_match=0.99)) == []  # graph alone has no query embedding

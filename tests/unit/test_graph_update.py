@@ -131,3 +131,21 @@ def test_llm_answers_are_stored_and_failed_ones_are_not(tmp_path):
     row = json.loads((next(store.root.glob("*.jsonl"))).read_text())
     assert row["x"] == [[list(e) for e in answered.entities], [list(r) for r in answered.relations]]
     assert row["m"] == []
+
+
+def test_an_update_embeds_only_the_new_names(tmp_path):
+    from tests.unit.test_graph import bag_of_words
+
+    asked = []
+
+    def embed(texts):
+        asked.append(list(texts))
+        return bag_of_words(texts)
+
+    everything = chunks()
+    first = build_graph(triples([c for c in everything if c.doc_id != "tides"]), embed=embed)
+    update = build_graph(triples(everything), previous=first, embed=embed)
+    assert asked[1] == ["Tides"] and update.info["names_embedded"] == 1
+    full = build_graph(triples(everything), embed=bag_of_words)
+    assert update.name_entities.tolist() == full.name_entities.tolist()
+    assert (update.name_vectors == full.name_vectors).all()
