@@ -79,6 +79,7 @@ Subtree = list[tuple[int, int, np.ndarray]]
 def hierarchical_leiden(
     relations: sp.csr_matrix, *, max_size: int = 64, max_levels: int = 3, resolution: float = 1.0,
     initial: Sequence[np.ndarray] = (), keep: Callable[[int, np.ndarray], Subtree | None] | None = None,
+    fixed: Sequence[np.ndarray] = (),
 ) -> list[tuple[int, int, np.ndarray]]:
     """(level, parent index, member entity ids) of every community, parents before children.
 
@@ -86,15 +87,21 @@ def hierarchical_leiden(
     community there (-1: none), the start of that level's partitions; and `keep(level, members)`
     gives the previous subtree under a community whose members and their mentions did not change
     (level, parent index within the subtree or -1 for the community itself, members), taken
-    instead of splitting it again."""
+    instead of splitting it again. `fixed`: level-0 communities that no change touched (none of
+    their entities gained or lost a mention), taken as they are; level 0 then partitions only
+    the other entities, so an update's cost follows what it changed."""
     relations = sp.csr_matrix(relations)
     connected = np.flatnonzero(np.diff(relations.indptr) > 0)
+    taken = np.concatenate([np.asarray(g, dtype=np.int64) for g in fixed]) if len(fixed) else np.zeros(0, dtype=np.int64)
     out: list[tuple[int, int, np.ndarray]] = []
-    frontier = [(0, -1, connected)]
+    frontier = [(0, -1, np.setdiff1d(connected, taken))]
     while frontier:
         level, parent, members = frontier.pop(0)
         start = initial[level][members] if level < len(initial) else None
-        for group in _leiden(relations, members, resolution, start):
+        groups = _leiden(relations, members, resolution, start)
+        if level == 0:
+            groups = [np.asarray(g, dtype=np.int64) for g in fixed] + groups
+        for group in groups:
             if parent >= 0 and len(group) == len(members):
                 continue  # not split further: the parent already is this community
             out.append((level, parent, np.sort(group)))

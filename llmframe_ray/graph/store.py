@@ -241,7 +241,7 @@ def build_graph(
     update = _Update(previous, keys, ids, mentions, fps) if previous is not None and previous.chunk_fps else None
     grouped = hierarchical_leiden(
         relations, max_size=max_community_size, initial=update.initial if update else (),
-        keep=update.subtree if update else None,
+        keep=update.subtree if update else None, fixed=update.fixed if update else (),
     )
     communities = describe(grouped, relations, mentions, names, sentences_of, reuse=update.summary if update else None)
     community_seconds = time.perf_counter() - clock
@@ -303,8 +303,8 @@ class _Update:
     def __init__(self, previous: KnowledgeGraph, keys: Sequence[str], ids: dict[str, int],
                  mentions: sp.csr_matrix, fps: Sequence[str]) -> None:
         self.previous, self.ids = previous, ids
-        self.signature = _signer(mentions, fps, keys)
-        old_signature = _signer(previous.mentions, previous.chunk_fps, previous.keys)
+        self.signature, new_pairs = _signer(mentions, fps, keys)
+        old_signature, old_pairs = _signer(previous.mentions, previous.chunk_fps, previous.keys)
         levels = 1 + max((c.level for c in previous.communities), default=-1)
         self.initial = [np.full(len(keys), -1, dtype=np.int64) for _ in range(levels)]
         self.new_ids = np.asarray([ids.get(k, -1) for k in previous.keys], dtype=np.int64)
@@ -314,7 +314,16 @@ class _Update:
             moved = self.new_ids[members]
             self.initial[c.level][moved[moved >= 0]] = c.id
             self.by_signature[(c.level, old_signature(np.sort(members)))] = c.id
-        self.counts = {"communities_kept": 0, "summaries_kept": 0}
+        # an entity is touched when it gained or lost a mention: (chunk, key) pairs in one graph only
+        new_hashes, old_hashes = _pair_hashes(*new_pairs), _pair_hashes(*old_pairs)
+        touched = set(keys[i] for i in new_pairs[1][~np.isin(new_hashes, old_hashes)].tolist())
+        touched.update(previous.keys[i] for i in old_pairs[1][~np.isin(old_hashes, new_hashes)].tolist())
+        self.fixed = [
+            np.sort(self.new_ids[np.asarray(c.entities, dtype=np.int64)]) for c in previous.communities
+            if c.level == 0 and not any(previous.keys[e] in touched for e in c.entities)
+        ]
+        self.counts = {"communities_kept": 0, "summaries_kept": 0, "entities_touched": len(touched),
+                       "level0_kept": len(self.fixed)}
 
     def _match(self, level: int, members: np.ndarray) -> int | None:
         return self.by_signature.get((level, self.signature(members)))
@@ -340,10 +349,17 @@ class _Update:
         return kept.evidence or kept.summary  # a model's summary is asked for again (its cache answers)
 
 
-def _signer(mentions: sp.csr_matrix, fps: Sequence[str], keys: Sequence[str]) -> Callable[[np.ndarray], bytes]:
+def _pair_hashes(chunk_hashes: np.ndarray, entities: np.ndarray, key_hashes: np.ndarray) -> np.ndarray:
+    return chunk_hashes * np.uint64(0x9E3779B97F4A7C15) ^ key_hashes[entities]
+
+
+def _signer(mentions: sp.csr_matrix, fps: Sequence[str], keys: Sequence[str]) -> tuple[Callable[[np.ndarray], bytes], tuple]:
+    """A signature of a set of entities (the (chunk, key) pairs of their mentions), and every
+    mention as (chunk hash, entity id, the keys' hashes)."""
     by_entity = sp.csc_matrix(mentions)
     chunk_ids = np.asarray([int(fp[:16], 16) for fp in fps], dtype=np.uint64)
     key_ids = np.asarray([int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "little") for k in keys], dtype=np.uint64)
+    every = sp.csr_matrix(mentions).tocoo()
 
     def signature(members: np.ndarray) -> bytes:
         sub = by_entity[:, members].tocoo()
@@ -351,7 +367,7 @@ def _signer(mentions: sp.csr_matrix, fps: Sequence[str], keys: Sequence[str]) ->
         pairs = pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
         return hashlib.blake2b(pairs.tobytes(), digest_size=16).digest()
 
-    return signature
+    return signature, (chunk_ids[every.row], every.col.astype(np.int64), key_ids)
 
 
 def index_chunks(shards: Sequence[tuple[int, object]]) -> Iterable[tuple[int, int, Chunk]]:

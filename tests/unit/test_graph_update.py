@@ -66,6 +66,9 @@ def test_an_update_keeps_the_communities_and_summaries_it_did_not_touch(tmp_path
     # "Tides" shares no entity with the rest: every earlier community is still there, as it was
     assert {k: after[k] for k in before} == before
     assert update.info["summaries_kept"] == len(before)
+    tides = {m.key for c in everything if c.doc_id == "tides" for m in OfflineExtractor().extract(c.text, c.title)}
+    assert update.info["entities_touched"] == len(tides)  # only the new chunk's entities gained a mention
+    assert update.info["level0_kept"] == sum(c.level == 0 for c in first.communities)  # taken whole, not partitioned again
     assert update.info["communities_kept"] == sum(c.level > 0 for c in first.communities)
     assert "updated" in update.info
     assert set(after) - set(before)  # the new chunk's entities form a community of their own
@@ -83,6 +86,8 @@ def test_a_changed_chunk_is_partitioned_and_summarised_again(tmp_path):
     assert by_key(update) == by_key(full)
     etna = update.entity_ids()["mount etna"]
     catania = update.entity_ids()["catania"]
+    # the edited chunk is a new chunk node: every entity it names, before or after, is touched
+    assert update.info["entities_touched"] == len({"mount etna", "sicili", "east coast", "catania"})
     touched = [c for c in update.communities if etna in c.entities or catania in c.entities]
     assert touched and update.info["summaries_kept"] < len(update.communities)
     before = communities_by_keys(first)
