@@ -109,12 +109,14 @@ def main() -> None:
             raise SystemExit(f"{n} documents: the updated graph's mentions differ from a full build's")
         rows.append((f"{n} documents edited: full build", len(chunks), full_s, full, None))
         rows.append((f"{n} documents edited: update", update.info["extracted"], update_s, update, full_s / update_s))
-    print("| build | chunks read | seconds (median) | extract s | link s | communities s | communities | sub-communities kept | summaries kept | full / update |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| build | chunks read | seconds (median) | extract s | link s | communities s | communities | entities touched | "
+          "level-0 kept whole | sub-communities kept | summaries kept | full / update |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for label, read, seconds, graph, ratio in rows:
         info = graph.info
         print(f"| {label} | {read} | {seconds:.2f} | {info['extract_seconds']:.2f} | {info['link_seconds']:.2f} | "
-              f"{info['community_seconds']:.2f} | {len(graph.communities)} | {info.get('communities_kept', '-')} | "
+              f"{info['community_seconds']:.2f} | {len(graph.communities)} | {info.get('entities_touched', '-')} | "
+              f"{info.get('level0_kept', '-')} | {info.get('communities_kept', '-')} | "
               f"{info.get('summaries_kept', '-')} | {f'{ratio:.2f}x' if ratio else '-'} |")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak:.0f} MiB; extraction {len(chunks) / base.info['extract_seconds']:.0f} chunks/s (empty store)")
