@@ -56,7 +56,7 @@ def _chain(params: Any) -> tuple[Any, Any]:
 
     chain = provider_chain(params.providers)
     if not has_llm(chain):
-        raise ValueError("--extractor llm needs an LLM in the provider chain (ANTHROPIC_API_KEY or OPENAI_API_KEY)")
+        raise ValueError("the llm graph extractor needs an LLM in the provider chain (ANTHROPIC_API_KEY or OPENAI_API_KEY)")
     return chain, PriceTable.from_json(params.service.generation.prices)
 
 

@@ -225,7 +225,7 @@ def test_an_llm_graph_extractor_needs_a_key_before_any_work(cluster, tmp_path):
     src = tmp_path / "src"
     write_corpus(src, 2)
     params = load_settings(llm_providers="extractive").params()
-    with pytest.raises(ValueError, match="--extractor llm needs an LLM in the provider chain"):
+    with pytest.raises(ValueError, match=r"the llm graph extractor needs an LLM in the provider chain \(ANTHROPIC_API_KEY or OPENAI_API_KEY\)"):
         ingest([src], tmp_path / "idx", params, graph=True, graph_extractor="llm", log=lambda _: None)
     with pytest.raises(ValueError, match="graph extractor must be one of offline, llm, got 'spacy'"):
         ingest([src], tmp_path / "idx", params, graph=True, graph_extractor="spacy", log=lambda _: None)

@@ -121,3 +121,15 @@ def test_eval_writes_trec_runs_with_corpus_ids(env, tmp_path):
     assert table[0] == "dataset tiny (3 docs, 2 judged test queries)"
     assert table[2].split()[:3] == ["bm25", "1.0000", "1.0000"]
     assert table[3].split()[:3] == ["hybrid", "1.0000", "1.0000"]
+
+
+def test_ingest_with_an_llm_graph_extractor_and_no_key_fails_before_any_work(env, corpus, tmp_path):
+    keyless = {k: v for k, v in env.items() if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")}
+    result = cli({**keyless, "LLM_PROVIDERS": "extractive"}, "ingest", corpus, "--index", tmp_path / "idx", "--graph",
+                 "--graph-extractor", "llm")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the llm graph extractor needs an LLM in the provider chain (ANTHROPIC_API_KEY or OPENAI_API_KEY)")
+    assert not (tmp_path / "idx" / "CURRENT").exists()
+    bad = cli(env, "ingest", corpus, "--index", tmp_path / "idx", "--graph-extractor", "spacy")
+    assert (bad.returncode, bad.stderr.strip().splitlines()[-1]) == (2, "error: graph extractor must be one of offline, llm, got 'spacy'")
