@@ -15,6 +15,21 @@ index_app = typer.Typer(no_args_is_help=True, help="Build and inspect indexes.")
 app.add_typer(index_app, name="index")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"llmframe-ray {version('llmframe-ray')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """`llmframe-ray` command line: build an index, search it, evaluate retrieval modes."""
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
