@@ -30,7 +30,8 @@ from llmframe_ray.generate.base import ProviderError
 from llmframe_ray.api.auth import ApiKeys, first_headers, key_owner, presented_key
 from llmframe_ray.api.limits import KeyLimiter, LimitExceeded, LimitRequests
 from llmframe_ray.api.openai_compat import ChatRequest
-from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse
+from llmframe_ray.api.page import add_metrics_and_page
+from llmframe_ray.api.schemas import ErrorResponse, QueryRequest, QueryResponse, SearchRequest, SearchResponse, document_limits
 from llmframe_ray.api.failures import BudgetExceededError, FieldError, NotFoundError, StageTimeoutError, StageUnavailableError
 from llmframe_ray.api.documents import DocumentsApi
 from llmframe_ray.api.graph_routes import add_graph_routes
@@ -334,7 +335,7 @@ def create_app(service: RagService, keys: ApiKeys, documents: DocumentsApi | Non
     def openapi() -> dict[str, Any]:
         """FastAPI's schema with this server's limits, so the schema says what validation checks."""
         if app.openapi_schema is None:
-            _document_limits(default_openapi(), limits.max_top_k, limits.max_query_chars)
+            document_limits(default_openapi(), limits.max_top_k, limits.max_query_chars)
         return app.openapi_schema  # type: ignore[return-value]
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -344,22 +345,12 @@ def create_app(service: RagService, keys: ApiKeys, documents: DocumentsApi | Non
     if limits.per_key.enabled:  # outermost: a request over its key's limits is refused before its body is read
         limiter = KeyLimiter(limits.per_key, replicas=limits.replicas)
         app.add_middleware(LimitRequests, limiter=limiter, keys=keys, reject=_too_many)
+    add_metrics_and_page(app)  # outermost: every answer is counted, 429s and 413s too
     return app
 
 
 def _warning_header(warnings: Any) -> dict[str, str]:
     return {"X-LLMFrame-Warning": "; ".join(warnings)} if warnings else {}
-
-
-def _document_limits(schema: dict[str, Any], max_top_k: int, max_query_chars: int) -> None:
-    bodies = schema.get("components", {}).get("schemas", {})
-    for name in ("SearchRequest", "QueryRequest", "ChatRequest"):
-        properties = bodies.get(name, {}).get("properties", {})
-        if "top_k" in properties:
-            properties["top_k"]["maximum"] = max_top_k
-        for text in ("query", "question"):
-            if text in properties:
-                properties[text]["maxLength"] = max_query_chars
 
 
 def _too_many(exc: LimitExceeded) -> JSONResponse:

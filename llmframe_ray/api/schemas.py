@@ -217,3 +217,14 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+def document_limits(schema: dict[str, Any], max_top_k: int, max_query_chars: int) -> None:
+    bodies = schema.get("components", {}).get("schemas", {})
+    for name in ("SearchRequest", "QueryRequest", "ChatRequest"):
+        properties = bodies.get(name, {}).get("properties", {})
+        if "top_k" in properties:
+            properties["top_k"]["maximum"] = max_top_k
+        for text in ("query", "question"):
+            if text in properties:
+                properties[text]["maxLength"] = max_query_chars

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from llmframe_ray.api.failures import BudgetExceededError, FieldError
+from llmframe_ray.api import metrics
 from llmframe_ray.api.ranking import Ask, Ranked, Ranking, ms, with_total
 from llmframe_ray.api.stages import Stages
 from llmframe_ray.index.metadata import Filter
@@ -58,6 +59,13 @@ async def prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
+
+
+def _generated(ranked: Ranked, start: float) -> dict[str, float]:
+    """The request's timings with the generation that began at `start` (observed for /metrics)."""
+    generate = ms(start)
+    metrics.observe_stage("generate", generate / 1000.0)
+    return with_total({**ranked.timings_ms, "generate": generate})
 
 
 def _session_key(owner: str, session_id: str | None) -> str | None:
@@ -121,7 +129,7 @@ class RagService:
             retrieval_strategy=ranked.strategy.value,
             reranked=ranked.reranked,
             rewrites=list(ranked.rewrites),
-            timings_ms=with_total({**ranked.timings_ms, "generate": ms(start)}),
+            timings_ms=_generated(ranked, start),
             warnings=list(ranked.warnings),
         )
 
@@ -165,7 +173,7 @@ class RagService:
                 "reranked": ranked.reranked,
                 "retrieval_strategy": ranked.strategy.value,
                 "rewrites": list(ranked.rewrites),
-                "timings_ms": with_total({**ranked.timings_ms, "generate": ms(start)}),
+                "timings_ms": _generated(ranked, start),
             }
 
     async def chat_turn(self, request: ChatRequest, owner: str = "", where: Filter | None = None) -> ChatTurn:
@@ -214,7 +222,7 @@ class RagService:
 
     @staticmethod
     def _meta(ranked: Ranked, start: float) -> dict[str, Any]:
-        timings = with_total({**ranked.timings_ms, "generate": ms(start)})
+        timings = _generated(ranked, start)
         return {
             "version": ranked.version, "mode": ranked.mode.value, "retrieval_strategy": ranked.strategy.value,
             "reranked": ranked.reranked, "rewrites": list(ranked.rewrites), "timings_ms": timings,
@@ -225,10 +233,9 @@ class RagService:
     ) -> AnswerOut:
         """The answer with its [n] markers mapped to the hits, its usage and cost."""
         answer = Answer(text, cite(text, hits), provider, model, finish_reason)
-        return AnswerOut.of(answer, UsageOut(
-            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
-            cost_usd=self.prices.cost(model, usage),
-        ))
+        cost = self.prices.cost(model, usage)
+        metrics.observe_answer(provider, model, finish_reason, usage.input_tokens, usage.output_tokens, cost)
+        return AnswerOut.of(answer, UsageOut(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens, cost_usd=cost))
 
     async def _admit(self, owner: str) -> None:
         """Refuse a generation when the caller's key has spent LLMFRAME_DAILY_TOKENS_PER_KEY."""
@@ -274,6 +281,7 @@ class RagService:
     async def _ranked(self, ask: Ask, owner: str) -> Ranked:
         """The request's passages; the LLM tokens of its query rewriting count against the key."""
         ranked = await self.ranking.ranked(ask)
+        metrics.observe_ranking(ranked.version, ranked.mode.value, ranked.strategy.value, ranked.timings_ms)
         if ranked.usage is not None:
             await self._charge(owner, ranked.usage)
         return ranked
