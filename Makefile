@@ -7,8 +7,9 @@ WORK := .llmframe
 SAMPLE_DIR := $(WORK)/sample-corpus
 SAMPLE_INDEX := $(WORK)/sample-index
 KEY_FILE := $(WORK)/api-key
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup run test clean
+.PHONY: setup run test clean browser
 
 setup: $(STAMP)
 
@@ -36,8 +37,14 @@ run: setup
 	  || { kill -TERM $$pid 2>/dev/null; wait $$pid; exit 1; }; \
 	wait $$pid
 
+# The playground's browser test (tests/browser) drives Debian's Chromium through its chromedriver.
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(SUDO) apt-get install -y -q chromium chromium-driver >/dev/null || \
+	    { $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q chromium chromium-driver >/dev/null; }; }
+
 # pytest exits 5 when it collected no test: that is a failure here.
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

@@ -11,7 +11,7 @@ from llmframe_ray.models.embedder import OnnxEmbedder, ensure_local_model
 SHARED_EVAL = Path(__file__).resolve().parents[1].parent / "shared" / "eval"
 
 # Tiers (tests/README.md). A test's tier follows from its folder and the fixtures it uses:
-# tests/quality -> quality, tests/integration and the unit tests that import Ray -> integration,
+# tests/quality -> quality, tests/browser -> browser, tests/integration and the unit tests that import Ray -> integration,
 # a test that needs the exported embedder or a torch-made model -> model, the rest -> unit.
 MODEL_FIXTURES = {"model_dir", "embedder", "tiny_reranker_dir", "trained", "tiny_model"}
 NEEDS_RAY = {"test_deployments_config.py"}
@@ -19,8 +19,8 @@ NEEDS_RAY = {"test_deployments_config.py"}
 
 def tier_of(item: pytest.Item) -> str:
     path = Path(str(item.fspath))
-    if path.parent.name == "quality":
-        return "quality"
+    if path.parent.name in ("quality", "browser"):
+        return path.parent.name
     if path.parent.name == "integration" or path.name in NEEDS_RAY:
         return "integration"
     if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("model"):
