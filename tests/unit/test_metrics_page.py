@@ -5,10 +5,25 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmframe_ray.api.page import STATIC
-from tests.unit.test_graph import AUTH, http_client, index  # noqa: F401  (index: the fixture)
+from llmframe_ray.config import load_settings
+from llmframe_ray.index.versions import IndexDirectory
+from llmframe_ray.ingest.build import publish_shards
+from tests.unit.test_graph import AUTH, DIM, chunks, http_client
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    """test_graph's corpus with random vectors (no embedder: the requests use bm25)."""
+    vectors = np.random.default_rng(3).normal(size=(len(chunks()), DIM)).astype(np.float32)
+    root = tmp_path_factory.mktemp("metrics") / "index"
+    publish_shards(IndexDirectory(root), chunks(), vectors, load_settings().params().index,
+                   {"name": "random", "provider": "test", "dim": DIM, "max_length": 64}, shards=2)
+    return root
 
 
 def sample(client, name, **labels):
@@ -21,7 +36,7 @@ def sample(client, name, **labels):
     return 0.0
 
 
-def test_metrics_are_prometheus_text_with_llmframe_names(index):  # noqa: F811
+def test_metrics_are_prometheus_text_with_llmframe_names(index):
     client, _ = http_client(index)
     client.post("/v1/search", json={"query": "Kiss and Tell", "mode": "bm25"}, headers=AUTH)
     response = client.get("/metrics")  # no key needed, like /healthz
@@ -33,7 +48,7 @@ def test_metrics_are_prometheus_text_with_llmframe_names(index):  # noqa: F811
             "llmframe_retrievals_total", "llmframe_index_version_info", "llmframe_http_requests_in_flight"} <= names
 
 
-def test_the_numbers_move_with_requests(index):  # noqa: F811
+def test_the_numbers_move_with_requests(index):
     client, pipeline = http_client(index)
     search = dict(route="/v1/search", method="POST", status="200")
     before = {
@@ -65,7 +80,7 @@ def test_the_numbers_move_with_requests(index):  # noqa: F811
     assert sample(client, "llmframe_http_requests_in_flight") == 1.0  # the scrape itself
 
 
-def test_the_page_and_its_files_need_no_key_and_load_nothing_from_elsewhere(index):  # noqa: F811
+def test_the_page_and_its_files_need_no_key_and_load_nothing_from_elsewhere(index):
     client, _ = http_client(index)
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"] == "text/html; charset=utf-8"
