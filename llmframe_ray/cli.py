@@ -138,6 +138,7 @@ def ingest(
     2: bad arguments or input; 1: the job failed (CURRENT still serves the previous version).
     """
     from llmframe_ray.batch.job import ingest as run_ingest
+    from llmframe_ray.ingest.build import stderr_progress
     from llmframe_ray.batch.report import summary_lines
     from llmframe_ray.batch.plan import PlanError
     from llmframe_ray.errors import ConfigError, DocumentReadError
@@ -155,7 +156,7 @@ def ingest(
     try:
         result = run_ingest(sources or [], index, params, shards=shards, deletes=[internal_id(namespace, d) for d in delete or []],
                             log=lambda line: typer.echo(line, err=True), namespace=namespace, graph=graph,
-                            graph_extractor=graph_extractor)
+                            graph_extractor=graph_extractor, progress=stderr_progress())
     except ValueError as exc:  # an unknown --graph-extractor, or llm with no key
         _fail(str(exc))
     except (PlanError, DocumentReadError, IndexBusyError, ConfigError):
@@ -265,7 +266,7 @@ def eval_command(
     indexed = sum(int(s.manifest.counts["documents"]) for s in pipeline.shards)
     if index is not None and indexed != len(data.corpus):
         typer.echo(f"warning: {index} holds {indexed} documents; the {data.name} corpus has {len(data.corpus)}", err=True)
-    reports = evaluate(pipeline, data, modes, runs_dir, rewrite=params.service.rewrite)
+    reports = evaluate(pipeline, data, modes, runs_dir, rewrite=params.service.rewrite, progress=stderr_progress())
     typer.echo(format_table(data, reports))
     if encoder is not None:
         similarity = pipeline.domain_similarity()

@@ -40,7 +40,8 @@ def pending(index_dir: Path, extractor: str, fingerprints: set[str]) -> frozense
     return frozenset(fingerprints - ExtractionStore(index_dir, EXTRACTORS[extractor]).fingerprints())
 
 
-def extract(rows: Any, needed: frozenset[str], index_dir: Path, params: Params, extractor: str) -> tuple[int, dict]:
+def extract(rows: Any, needed: frozenset[str], index_dir: Path, params: Params, extractor: str,
+            progress: Any = None) -> tuple[int, dict]:
     """Run the extraction stage over `rows` (the job's chunk dataset) for the `needed` chunks:
     (chunks read, the LLM's summed report or {})."""
     import ray
@@ -58,6 +59,8 @@ def extract(rows: Any, needed: frozenset[str], index_dir: Path, params: Params, 
     for batch in out.iter_batches(batch_format="numpy"):
         count += sum(int(n) for n in batch["extracted"])
         reports.extend(json.loads(str(r)) for r in batch["report"])
+        if progress is not None:
+            progress("extract entities", count, len(needed))
     return count, merge_reports(r for r in reports if r)
 
 

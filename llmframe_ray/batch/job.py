@@ -74,12 +74,14 @@ def ingest(
     files: Sequence[SourceFile] = (),
     graph: bool | None = None,
     graph_extractor: str = "offline",
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> IngestResult:
     """Run one ingestion into `index_dir` (see the module docstring). `sources` (files, folders,
     globs) go to `namespace`; `files` are already resolved, each with its own namespace;
     `deletes` are stored ids (index/metadata.py: internal_id). `graph`: build the new version's
     knowledge graph (graph/store.py; batch/graphs.py); None: if the previous version has one.
-    `graph_extractor`: offline, or llm (the provider chain of `params`)."""
+    `graph_extractor`: offline, or llm (the provider chain of `params`). `progress(stage, done,
+    total)`: the embedding and extraction stages' counts as their batches finish."""
     check_extractor(graph_extractor)
     files = [
         *(SourceFile(str(path), doc_id, namespace=namespace) for path, doc_id in (resolve_sources(sources) if sources else [])),
@@ -110,7 +112,7 @@ def ingest(
             llm_extractor(directory.root, params)  # no LLM in the chain: a ValueError now, before any work
         with ray_session(params.ingest.local_cpus):
             result = _run(files, directory, previous, n_shards, list(deletes), params, model, staging, log,
-                          graph_extractor if graph else None)
+                          graph_extractor if graph else None, progress)
         if result.version is not None or not (result.plan and result.plan.changes_anything):
             staging.clear()
         atomic.write_json(directory.root / REPORT_FILE, result.report())
@@ -134,7 +136,7 @@ def _shard_count(previous, shards: int | None) -> int:
 
 
 def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: list[str], params: Params,
-         model: dict, staging: Staging, log: Log, graph: str | None = None) -> IngestResult:
+         model: dict, staging: Staging, log: Log, graph: str | None = None, progress: Any = None) -> IngestResult:
     result = IngestResult(directory.root, None, None)
     clock = time.perf_counter()
 
@@ -166,14 +168,14 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
     wanted_fps = {fp for doc in plan.fresh for fp in fresh_chunks[doc]}
     needed = frozenset(wanted_fps - staging.fingerprints())
     if needed:
-        result.chunks_embedded = _embed(rows, len(meta), needed, params, directory, staging)
+        result.chunks_embedded = _embed(rows, len(meta), needed, params, directory, staging, progress)
     result.seconds["embed"] = time.perf_counter() - clock
     log(f"embedded {result.chunks_embedded} chunks ({len(wanted_fps) - len(needed)} already staged)")
     if graph is not None:
         clock = time.perf_counter()
         needed = graphs.pending(directory.root, graph, wanted_fps)
         if needed:
-            result.chunks_extracted, result.extraction = graphs.extract(rows, needed, directory.root, params, graph)
+            result.chunks_extracted, result.extraction = graphs.extract(rows, needed, directory.root, params, graph, progress)
         result.seconds["extract"] = time.perf_counter() - clock
         log(f"extracted the entities of {result.chunks_extracted} chunks ({len(wanted_fps) - len(needed)} already extracted)")
         if result.extraction:
@@ -321,7 +323,7 @@ def _dedupe(meta: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, list[
 
 
 def _embed(rows, n_rows: int, needed: frozenset[str], params: Params, directory: IndexDirectory,
-           staging: Staging) -> int:
+           staging: Staging, progress: Any = None) -> int:
     import math
 
     import ray
@@ -345,7 +347,12 @@ def _embed(rows, n_rows: int, needed: frozenset[str], params: Params, directory:
         batch_size=knobs.batch_size, batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=per_actor * knobs.cpu_scale,
     )
-    return sum(int(n) for batch in out.iter_batches(batch_format="numpy") for n in batch["embedded"])
+    done = 0
+    for batch in out.iter_batches(batch_format="numpy"):
+        done += sum(int(n) for n in batch["embedded"])
+        if progress is not None:
+            progress("embed chunks", done, len(needed))
+    return done
 
 
 def _collect_task(plan, old_dir, staging, fps, part_dir, sparse):

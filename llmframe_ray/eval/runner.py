@@ -132,9 +132,11 @@ def run_mode(
     depth: int = RUN_DEPTH,
     *,
     hits: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """Top-`depth` documents for every judged query of the dataset, in query order, as
-    (doc_id, score) pairs (or the Hits themselves with `hits`).
+    (doc_id, score) pairs (or the Hits themselves with `hits`); `progress(stage, done, total)`
+    after each batch of queries.
 
     A query whose text is blank gets no line in the run, so it scores zero.
     """
@@ -149,6 +151,8 @@ def run_mode(
         )
         for qid, ranked in zip(batch, found):
             results[qid] = list(ranked) if hits else [(h.doc_id, h.score) for h in ranked]
+        if progress is not None:
+            progress(f"{mode.value} queries", len(results), len(qids))
     return results
 
 
@@ -190,6 +194,7 @@ def evaluate(
     runs_dir: Path | None = None,
     depth: int = RUN_DEPTH,
     rewrite: RewriteParams | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[ModeResult]:
     """Run each mode, write `<runs_dir>/<mode>.trec`, and score it from the file."""
     out_dir = Path(runs_dir) if runs_dir is not None else Path(tempfile.mkdtemp(prefix="llmframe-runs-"))
@@ -209,7 +214,7 @@ def evaluate(
             results = run_rewritten(pipeline, dataset, mode, rewrite or RewriteParams(), depth)
             seconds = time.perf_counter() - started
         else:
-            results = run_mode(pipeline, dataset, mode, depth)
+            results = run_mode(pipeline, dataset, mode, depth, progress=progress)
             seconds = time.perf_counter() - started
         path = write_run(out_dir / f"{mode.value}.trec", results, tag=f"llmframe-{mode.value}")
         metrics = score_run(path, dataset.qrels)

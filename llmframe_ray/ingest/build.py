@@ -7,8 +7,6 @@ running in one process except `build_index`, which strings them together.
 from __future__ import annotations
 
 import shutil
-import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -147,12 +145,7 @@ def publish_shards(
 
 
 def stderr_progress() -> Progress:
-    """A progress reporter that prints one updating line per stage to stderr."""
-    started = time.perf_counter()
+    """A bar with rate and ETA on a terminal, plain lines every 10 s otherwise (progress.py)."""
+    from llmframe_ray.progress import ProgressReporter
 
-    def report(stage: str, done: int, total: int) -> None:
-        elapsed = time.perf_counter() - started
-        end = "\n" if done >= total else "\r"
-        print(f"  {stage}: {done}/{total} ({elapsed:.0f}s)", end=end, file=sys.stderr, flush=True)
-
-    return report
+    return ProgressReporter()

@@ -214,8 +214,9 @@ def train(
                 report.loss_curve.append((step, round(mean, 5)))
                 window = []
                 elapsed = time.perf_counter() - started
-                log(f"  epoch {epoch + 1} step {step}/{total} loss {mean:.4f} "
-                    f"({report.pairs / elapsed:.1f} pairs/s, {elapsed:.0f}s)")
+                left = (total - step) * elapsed / step
+                log(f"  epoch {epoch + 1} step {step}/{total} ({step / total:.0%}) loss {mean:.4f} "
+                    f"({report.pairs / elapsed:.1f} pairs/s, {elapsed:.0f}s, ETA {left:.0f}s)")
     report.steps = step
     report.seconds = time.perf_counter() - started
 
