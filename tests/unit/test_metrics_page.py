@@ -95,3 +95,17 @@ def test_the_page_and_its_files_need_no_key_and_load_nothing_from_elsewhere(inde
         response = client.get(bad)
         assert response.status_code == 404, bad
     assert client.get("/static/missing.js").json()["error"] == {"type": "not_found", "message": "no static file 'missing.js'", "field": None}
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_app_exports(index):
+    import json
+    from pathlib import Path
+
+    client, _ = http_client(index)
+    client.post("/v1/search", json={"query": "Kiss and Tell", "mode": "bm25"}, headers=AUTH)
+    exported = {s.name for family in text_string_to_metric_families(client.get("/metrics").text) for s in family.samples}
+    exported |= {"llmframe_llm_tokens_total", "llmframe_llm_cost_usd_total", "llmframe_answers_total"}  # after an answer
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "deployments" / "grafana-dashboard.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"llmframe_[a-z_]+", target["expr"])}
+    assert used and used <= exported, sorted(used - exported)
