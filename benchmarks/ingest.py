@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="write a PNG of the job's embedding throughput over time (first run), against the bare loop's")
     parser.add_argument("--graph", action="store_true",
                         help="ingest --graph: also the entity extraction stage and the graph build (their time counts in the job's)")
     args = parser.parse_args()
@@ -119,7 +121,9 @@ def main() -> None:
         shutil.rmtree(index, ignore_errors=True)
         with PeakMemory() as memory:
             started = time.perf_counter()
-            result = ingest([corpus], index, params, shards=args.shards, log=lambda line: None, graph=args.graph)
+            timeline: list[tuple[float, str, int]] = []
+            result = ingest([corpus], index, params, shards=args.shards, log=lambda line: None, graph=args.graph,
+                            progress=lambda stage, done, total: timeline.append((time.perf_counter() - started, stage, done)))
             seconds = time.perf_counter() - started
         job.append(result.chunks_embedded / seconds)
         stages.append(result.seconds)
@@ -129,6 +133,9 @@ def main() -> None:
         print(f"  run {repeat + 1}: job {job[-1]:.1f} chunks/s ({seconds:.1f}s)", flush=True)
         if args.graph:
             extracted.append(result.chunks_extracted / result.seconds["extract"])
+        if args.plot is not None and repeat == 0:
+            plot_timeline(timeline, bare[-1], seconds, args.plot)
+            print(f"  plot: {args.plot}", flush=True)
 
     med = statistics.median
     print()
@@ -146,6 +153,32 @@ def main() -> None:
     print(f"| index bytes per chunk ({args.shards} shards) | {med(bytes_per_chunk):.0f} |")
     print(f"| cores | {os.cpu_count()} |")
     shutil.rmtree(work, ignore_errors=True) if args.workdir is None else None
+
+
+def plot_timeline(timeline: list[tuple[float, str, int]], bare_rate: float, total_s: float, path: Path) -> None:
+    """Embedded chunks per second over the job's run (between consecutive finished batches)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(t, done) for t, stage, done in timeline if stage == "embed chunks"]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    if len(points) > 1:
+        times = [t for t, _ in points[1:]]
+        rates = [(d2 - d1) / max(t2 - t1, 1e-6) for (t1, d1), (t2, d2) in zip(points, points[1:])]
+        ax.step(times, rates, where="post", label="job: embedded chunks/s (per finished batch)")
+    ax.axhline(bare_rate, color="grey", linestyle="--", label=f"bare ONNX loop: {bare_rate:.0f} chunks/s")
+    ax.axvline(total_s, color="black", linewidth=0.8, label=f"job ends ({total_s:.0f} s)")
+    ax.set_xlabel("seconds since the job started")
+    ax.set_ylabel("chunks/s")
+    ax.set_xlim(0, total_s * 1.02)
+    ax.set_title(f"Ingestion job throughput over time ({os.cpu_count()} cores)")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":
