@@ -12,6 +12,9 @@
     llmframe_llm_cost_usd_total{provider, model}          their cost (LLMFRAME_LLM_PRICES)
     llmframe_answers_total{provider, finish_reason}       answers by the provider that wrote them
     llmframe_index_version_info{version}                  1 for the index version last served
+    llmframe_provider_attempts_total{provider, outcome}   the provider chain's calls (telemetry.py),
+    llmframe_provider_fallbacks_total{provider},          in the process that runs the chain
+    llmframe_provider_breaker_open{provider}
 
 The metrics live in this module's registry, one per process: in the Serve app that is the
 Ingress replica that answered the scrape (with several, scrape each; the Serve deployments' own
@@ -24,10 +27,10 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-REGISTRY = CollectorRegistry(auto_describe=True)
+from llmframe_ray.telemetry import REGISTRY
 LATENCY_BUCKETS = (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 REQUESTS = Counter("llmframe_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=REGISTRY)

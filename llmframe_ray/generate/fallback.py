@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence, TypeVar
 
+from llmframe_ray import telemetry
 from llmframe_ray.generate.base import (
     Completion, Message, Provider, ProviderConfigError, ProviderError, ProviderTimeoutError, ProviderUnavailableError,
     RateLimitedError, StreamEnd, StreamInterruptedError,
@@ -259,7 +260,23 @@ class FallbackProvider:
     async def _first_answer(
         self, call: Callable[[Provider], Awaitable[T]], trace: list[AttemptRecord], *, retry_timeouts: bool = False
     ) -> tuple[T, int, _Ticket]:
-        """The first answer, the index of its provider and the breaker ticket, still unsettled."""
+        """The first answer, the index of its provider and the breaker ticket, still unsettled
+        (the call's attempts, fall-through and breakers are counted for /metrics: telemetry.py)."""
+        answered: int | None = None
+        try:
+            found = await self._answer_in_order(call, trace, retry_timeouts)
+            answered = found[1]
+            return found
+        finally:
+            telemetry.observe_chain_call(
+                [(r.provider, r.outcome.value) for r in trace], answered,
+                None if answered is None else self.providers[answered].name,
+                [(p.name, b.opened_at is not None) for p, b in zip(self.providers, self._breakers)],
+            )
+
+    async def _answer_in_order(
+        self, call: Callable[[Provider], Awaitable[T]], trace: list[AttemptRecord], retry_timeouts: bool
+    ) -> tuple[T, int, _Ticket]:
         failures: list[tuple[str, str]] = []
         deadline = None if self.deadline_s is None else self._clock() + self.deadline_s
         for index, provider in enumerate(self.providers):

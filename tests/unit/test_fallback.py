@@ -472,3 +472,28 @@ def test_bad_settings_fail_at_construction(options, message):
         FallbackProvider([FakeProvider("a", [])], **options)
     with pytest.raises(ValueError, match="at least one provider"):
         FallbackProvider([])
+
+
+def test_attempts_fallbacks_and_breakers_are_counted_for_metrics():
+    from llmframe_ray.telemetry import REGISTRY
+
+    def value(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    counted = [
+        ("llmframe_provider_attempts_total", {"provider": "metrics-a", "outcome": "failed"}),
+        ("llmframe_provider_attempts_total", {"provider": "metrics-a", "outcome": "skipped"}),
+        ("llmframe_provider_attempts_total", {"provider": "metrics-b", "outcome": "ok"}),
+        ("llmframe_provider_fallbacks_total", {"provider": "metrics-b"}),
+    ]
+    before = [value(name, **labels) for name, labels in counted]
+    a = FakeProvider("metrics-a", [unavailable("metrics-a")] * 4)
+    b = FakeProvider("metrics-b", ["one", "two", "three"])
+    fallback, _, _ = chain(a, b, max_attempts=2, circuit_failures=2, circuit_cooldown_s=60)
+    assert asyncio.run(fallback.generate(Q)).text == "one"
+    assert value("llmframe_provider_breaker_open", provider="metrics-a") == 0.0  # one failed call of two
+    assert asyncio.run(fallback.generate(Q)).text == "two"
+    assert value("llmframe_provider_breaker_open", provider="metrics-a") == 1.0
+    assert asyncio.run(fallback.generate(Q)).text == "three"  # a is skipped while its breaker is open
+    deltas = [value(name, **labels) - old for (name, labels), old in zip(counted, before)]
+    assert deltas == [4.0, 1.0, 3.0, 3.0]  # 2 calls x 2 failed attempts, 1 skip; b answered all 3
