@@ -56,7 +56,7 @@ def extract(rows: Any, needed: frozenset[str], index_dir: Path, params: Params, 
         compute=ray.data.ActorPoolStrategy(size=1) if llm else ray.data.ActorPoolStrategy(min_size=1, max_size=cpus),
     )
     count, reports = 0, []
-    for batch in out.iter_batches(batch_format="numpy"):
+    for batch in out.iter_batches(batch_format="numpy", batch_size=None):  # each block as it is done
         count += sum(int(n) for n in batch["extracted"])
         reports.extend(json.loads(str(r)) for r in batch["report"])
         if progress is not None:

@@ -348,7 +348,7 @@ def _embed(rows, n_rows: int, needed: frozenset[str], params: Params, directory:
         compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=per_actor * knobs.cpu_scale,
     )
     done = 0
-    for batch in out.iter_batches(batch_format="numpy"):
+    for batch in out.iter_batches(batch_format="numpy", batch_size=None):  # each block as it is done
         done += sum(int(n) for n in batch["embedded"])
         if progress is not None:
             progress("embed chunks", done, len(needed))
