@@ -23,6 +23,30 @@ def running_replicas(deployment: str, app: str = "llmframe") -> int:
 
 
 @contextlib.contextmanager
+def uvicorn_in_thread(app: Any, wait_s: float = 30.0) -> Iterator[str]:
+    """An ASGI app served by uvicorn on a free localhost port in a daemon thread (no Ray): its
+    base URL until the block ends, then the server is stopped."""
+    import threading
+    import time
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + wait_s
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@contextlib.contextmanager
 def running_app(
     index_dir: Path, overrides: dict[str, Any], *, reranker: bool = False, local: bool = False, **fields: Any
 ) -> Iterator[str]:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from llmframe_ray.generate.base import Message, Usage
+from llmframe_ray.generate.base import Message
 from llmframe_ray.generate.costs import PriceTable
+from llmframe_ray.graph.llm_common import JsonLinesCache, LlmReport
 from llmframe_ray.graph.extract import NAME, PHRASE, QUOTED, TITLE, Mention, OfflineExtractor, entity_key, title_surface
 
 VERSION = "llm-v1"
@@ -73,52 +72,25 @@ class Extraction:
 
 
 @dataclass
-class ExtractReport:
+class ExtractReport(LlmReport):
     chunks: int = 0
-    cached: int = 0
-    asked: int = 0  # chunks sent to the model
-    requests: int = 0
-    fallback: int = 0  # chunks read offline after a failed or malformed answer
-    usage: Usage = field(default_factory=Usage)
-    cost_usd: float | None = 0.0
-    problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "chunks": self.chunks, "cached": self.cached, "asked": self.asked, "requests": self.requests,
-            "fallback": self.fallback, "input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens,
-            "cost_usd": self.cost_usd, "problems": self.problems[:20],
-        }
+        return {"chunks": self.chunks, **self.counts()}
 
 
 def fingerprint(title: str, text: str) -> str:
     return hashlib.blake2b(f"{VERSION}\x00{title}\x00{text}".encode(), digest_size=16).hexdigest()
 
 
-class ExtractionCache:
-    """Fingerprint -> Extraction, one JSON line each, appended and flushed to disk per batch."""
+class ExtractionCache(JsonLinesCache[Extraction]):
+    """Fingerprint -> Extraction (`{"fp", "entities", "relations"}` lines)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.known: dict[str, Extraction] = {}
-        if self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    row = json.loads(line)
-                    self.known[row["fp"]] = Extraction(
-                        tuple(tuple(e) for e in row["entities"]), tuple(tuple(r) for r in row["relations"])
-                    )
-                except (ValueError, KeyError, TypeError):
-                    continue  # a line cut by a crash: that chunk is asked again
-
-    def put_many(self, items: Sequence[tuple[str, Extraction]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            for fp, extraction in items:
-                fh.write(json.dumps({"fp": fp, "entities": extraction.entities, "relations": extraction.relations}) + "\n")
-                self.known[fp] = extraction
-            fh.flush()
-            os.fsync(fh.fileno())
+        super().__init__(
+            path, lambda row: Extraction(tuple(tuple(e) for e in row["entities"]), tuple(tuple(r) for r in row["relations"])),
+            lambda e: {"entities": e.entities, "relations": e.relations},
+        )
 
 
 def parse(data: Any, n_passages: int) -> list[Extraction]:
@@ -179,9 +151,7 @@ class LlmExtractor:
                         [Message("user", passages_prompt([chunks[i] for i in batch]))], SCHEMA,
                         name="knowledge_graph", system=SYSTEM, max_tokens=self.max_tokens,
                     ), self.timeout_s)
-                    report.usage = report.usage + completion.usage
-                    cost = self.prices.cost(completion.model, completion.usage)
-                    report.cost_usd = None if cost is None or report.cost_usd is None else round(report.cost_usd + cost, 8)
+                    report.charge(completion, self.prices)
                     extractions = parse(completion.data, len(batch))
                 except Exception as exc:  # noqa: BLE001 - read offline, ask again next build
                     report.fallback += len(batch)

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from llmframe_ray.generate.base import Message, Usage
+from llmframe_ray.generate.base import Message
 from llmframe_ray.generate.costs import PriceTable
+from llmframe_ray.graph.llm_common import JsonLinesCache, LlmReport
 
 VERSION = "llm-summary-v1"
 CACHE_FILE = "graph-llm-summaries.jsonl"
@@ -46,46 +45,18 @@ SCHEMA = {
 
 
 @dataclass
-class SummaryReport:
+class SummaryReport(LlmReport):
     communities: int = 0
-    cached: int = 0
-    asked: int = 0
-    requests: int = 0
-    fallback: int = 0  # kept the extractive summary after a failed or malformed answer
-    usage: Usage = field(default_factory=Usage)
-    cost_usd: float | None = 0.0
-    problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "communities": self.communities, "cached": self.cached, "asked": self.asked, "requests": self.requests,
-            "fallback": self.fallback, "input_tokens": self.usage.input_tokens, "output_tokens": self.usage.output_tokens,
-            "cost_usd": self.cost_usd, "problems": self.problems[:20],
-        }
+        return {"communities": self.communities, **self.counts()}
 
 
-class SummaryCache:
-    """Fingerprint of a community's description -> summary, one JSON line each, flushed per batch."""
+class SummaryCache(JsonLinesCache[str]):
+    """Fingerprint of a community's description -> its summary (`{"fp", "summary"}` lines)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.known: dict[str, str] = {}
-        if self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    row = json.loads(line)
-                    self.known[str(row["fp"])] = str(row["summary"])
-                except (ValueError, KeyError, TypeError):
-                    continue  # a line cut by a crash: that community is asked again
-
-    def put_many(self, items: Sequence[tuple[str, str]]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            for fp, summary in items:
-                fh.write(json.dumps({"fp": fp, "summary": summary}, ensure_ascii=False) + "\n")
-                self.known[fp] = summary
-            fh.flush()
-            os.fsync(fh.fileno())
+        super().__init__(path, lambda row: str(row["summary"]), lambda summary: {"summary": summary})
 
 
 def community_text(graph: Any, community: Any) -> str:
@@ -159,9 +130,7 @@ class LlmSummarizer:
                         [Message("user", prompt)], SCHEMA, name="community_summaries", system=SYSTEM,
                         max_tokens=self.max_tokens,
                     ), self.timeout_s)
-                    report.usage = report.usage + completion.usage
-                    cost = self.prices.cost(completion.model, completion.usage)
-                    report.cost_usd = None if cost is None or report.cost_usd is None else round(report.cost_usd + cost, 8)
+                    report.charge(completion, self.prices)
                     answers = parse(completion.data, len(batch))
                 except Exception as exc:  # noqa: BLE001 - keep the extractive summaries, ask again next build
                     report.fallback += len(batch)

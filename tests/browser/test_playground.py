@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.retrieve.pipeline import Pipeline
+from tests.serving import uvicorn_in_thread
 from tests.unit.test_http_api import DOCS
 
 KEY = "browser-test-key-0123456789"
@@ -32,27 +30,14 @@ WAIT_S = 30
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, embedder):
-    import uvicorn
-
     settings = load_settings(api_secret_key=KEY, llm_providers="extractive", chunk_size=64, chunk_overlap=8)
     root = tmp_path_factory.mktemp("playground") / "index"
     build_index(DOCS, root, settings.params().index, embedder)
     pipeline = Pipeline.open(root, embedder, settings.params().retrieval)
     stages = LocalStages(root, pipeline, IndexDirectory(root).current_version())
     app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while not uv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(10)
+    with uvicorn_in_thread(app) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

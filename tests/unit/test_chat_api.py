@@ -1,14 +1,9 @@
 """The OpenAI-compatible endpoint driven by the official `openai` client over real HTTP (uvicorn
 in a thread, in-process stages, no Ray), and sessions in /v1/query."""
 
-import socket
-import threading
-import time
-
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.ingest.build import build_index
@@ -18,6 +13,7 @@ from llmframe_ray.api.http import create_app
 from llmframe_ray.api.local import LocalStages
 from llmframe_ray.api.service import RagService
 from llmframe_ray.types import Document
+from tests.serving import uvicorn_in_thread
 
 KEY = "chat-key"
 DOCS = [
@@ -36,19 +32,8 @@ def server(tmp_path_factory, embedder):
 
     stages = LocalStages(index, Pipeline.open(index, embedder, settings.params().retrieval), IndexDirectory(index).current_version())
     app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(timeout=10)
+    with uvicorn_in_thread(app) as url:
+        yield url
 
 
 def test_openai_client_non_streaming(server):
