@@ -29,10 +29,9 @@ from llmframe_ray.index.versions import shard_dir_name
 EXTRACTORS = {"offline": OfflineExtractor.name, "llm": LLM_EXTRACTOR}
 
 
-def check_extractor(extractor: str) -> str:
+def check_extractor(extractor: str) -> None:
     if extractor not in EXTRACTORS:
         raise ValueError(f"graph extractor must be one of {', '.join(EXTRACTORS)}, got {extractor!r}")
-    return EXTRACTORS[extractor]
 
 
 def pending(index_dir: Path, extractor: str, fingerprints: set[str]) -> frozenset[str]:
@@ -73,7 +72,6 @@ def graph_task(version_dir: str, version: str, shard_ids: list[int], index_dir: 
     from llmframe_ray.graph.extractions import extractor_name
     from llmframe_ray.graph.store import KnowledgeGraph, build_graph, index_chunks
     from llmframe_ray.index.shard import IndexShard
-
     from llmframe_ray.models.embedder import load_embedder
 
     summarizer = llm_summarizer(index_dir, params) if llm else None

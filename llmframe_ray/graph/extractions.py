@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -69,14 +68,17 @@ class ExtractionStore:
     def fingerprints(self) -> set[str]:
         return {row["fp"] for _, row in self._rows()}
 
-    def read(self, wanted: Iterable[str] | None = None) -> dict[str, Entry]:
-        """fingerprint -> (mentions, extraction) of the `wanted` chunks that are here (all: None)."""
+    def read(self, wanted: Iterable[str] | None = None, seen: set[str] | None = None) -> dict[str, Entry]:
+        """fingerprint -> (mentions, extraction) of the `wanted` chunks that are here (all: None);
+        `seen` collects every fingerprint read, wanted or not."""
         from llmframe_ray.graph.llm_extract import Extraction
 
         wanted = None if wanted is None else set(wanted)
         out: dict[str, Entry] = {}
         for _, row in self._rows():
             fp = row["fp"]
+            if seen is not None:
+                seen.add(fp)
             if (wanted is None or fp in wanted) and fp not in out:
                 x = row.get("x")
                 extraction = None if x is None else Extraction(tuple(map(tuple, x[0])), tuple(map(tuple, x[1])))
@@ -85,10 +87,9 @@ class ExtractionStore:
 
     def compact(self, live: Iterable[str]) -> int:
         """Drop the chunks not in `live` (one file for the rest); returns how many were dropped."""
-        live = set(live)
-        kept = self.read(live)
-        files = self._files()
-        dropped = len({row["fp"] for _, row in self._rows()} - set(kept))
+        files, seen = self._files(), set()
+        kept = self.read(live, seen)
+        dropped = len(seen - set(kept))
         if not dropped:
             return 0
         written = self.write(sorted(kept.items()))
@@ -96,9 +97,6 @@ class ExtractionStore:
             if path != written:
                 path.unlink(missing_ok=True)
         return dropped
-
-    def clear(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def extract_chunks(
