@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any, AsyncIterator, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -185,7 +185,12 @@ def _field_of(loc: tuple) -> str:
     return ".".join(parts)
 
 
-def create_app(service: RagService, keys: ApiKeys, documents: DocumentsApi | None = None) -> FastAPI:
+def create_app(
+    service: RagService, keys: ApiKeys, documents: DocumentsApi | None = None,
+    scrape: Callable[[], Awaitable[bytes]] | None = None,
+) -> FastAPI:
+    """The HTTP app over a service's stages; `scrape`: where GET /metrics comes from, when not
+    from this process alone (api/page.py)."""
     app = FastAPI(
         title="llmframe-ray",
         version="1",
@@ -345,7 +350,7 @@ def create_app(service: RagService, keys: ApiKeys, documents: DocumentsApi | Non
     if limits.per_key.enabled:  # outermost: a request over its key's limits is refused before its body is read
         limiter = KeyLimiter(limits.per_key, replicas=limits.replicas)
         app.add_middleware(LimitRequests, limiter=limiter, keys=keys, reject=_too_many)
-    add_metrics_and_page(app)  # outermost: every answer is counted, 429s and 413s too
+    add_metrics_and_page(app, scrape)  # outermost: every answer is counted, 429s and 413s too
     return app
 
 

@@ -12,14 +12,13 @@
     llmframe_llm_cost_usd_total{provider, model}          their cost (LLMFRAME_LLM_PRICES)
     llmframe_answers_total{provider, finish_reason}       answers by the provider that wrote them
     llmframe_index_version_info{version}                  1 for the index version last served
-    llmframe_provider_attempts_total{provider, outcome}   the provider chain's calls (telemetry.py),
-    llmframe_provider_fallbacks_total{provider},          in the process that runs the chain
-    llmframe_provider_breaker_open{provider}
+    and those of telemetry.py: provider attempts, fallbacks and breakers; retrieval plan steps
+    (encode, search, graph, read, rank); batch sizes and queue lengths of the batching stages.
 
-The metrics live in this module's registry, one per process: in the Serve app that is the
-Ingress replica that answered the scrape (with several, scrape each; the Serve deployments' own
-replica, queue and batch metrics are on Ray's metrics endpoint, see the README). The route is
-served without a key, like /healthz; it shows counts and timings, never texts or keys.
+The metrics live in one registry per process (telemetry.REGISTRY). In the app in process,
+/metrics shows it; under Serve, the scrape shows the sum over every replica of the app
+(serve/metrics_hub.py). The route is served without a key, like /healthz; it shows counts and
+timings, never texts or keys.
 """
 
 from __future__ import annotations
@@ -73,8 +72,11 @@ def observe_answer(provider: str, model: str, finish_reason: str, input_tokens: 
         COST.labels(provider, model).inc(cost_usd)
 
 
-def exposition() -> tuple[bytes, str]:
-    return generate_latest(REGISTRY), CONTENT_TYPE_PLAIN_0_0_4  # the classic text format every Prometheus reads
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the classic text format every Prometheus reads
+
+
+def exposition() -> bytes:
+    return generate_latest(REGISTRY)
 
 
 class RequestMetrics:

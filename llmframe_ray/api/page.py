@@ -5,11 +5,12 @@ loads nothing from anywhere but this app)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Awaitable, Callable
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, Response
 
-from llmframe_ray.api.metrics import RequestMetrics, exposition
+from llmframe_ray.api.metrics import CONTENT_TYPE, RequestMetrics, exposition
 from llmframe_ray.api.failures import NotFoundError
 
 STATIC = Path(__file__).with_name("static")
@@ -22,11 +23,14 @@ PAGE_HEADERS = {
 }
 
 
-def add_metrics_and_page(app: FastAPI) -> None:
+def add_metrics_and_page(app: FastAPI, scrape: Callable[[], Awaitable[bytes]] | None = None) -> None:
+    """`scrape`: where /metrics comes from when not from this process's registry alone (under
+    Serve: every replica's, serve/metrics_hub.py)."""
+
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        body, content_type = exposition()
-        return Response(body, media_type=content_type)
+        body = exposition() if scrape is None else await scrape()
+        return Response(body, media_type=CONTENT_TYPE)
 
     @app.get("/", include_in_schema=False)
     async def playground() -> FileResponse:

@@ -25,15 +25,8 @@ from llmframe_ray.models.embedder import Embedder, check_query_text
 from llmframe_ray.retrieve.joint import search_together
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.facts import ShardFacts, bm25_consistency_problem
-from llmframe_ray.retrieve.plan import (
-    DirectCalls,
-    Ranker,
-    ResultLevel,
-    ShardResults,
-    retrieval_plan,
-    run_plan,
-    search_shard,
-)
+from llmframe_ray.retrieve.drive import DirectCalls, run_plan
+from llmframe_ray.retrieve.plan import Ranker, ResultLevel, ShardResults, retrieval_plan, search_shard
 from llmframe_ray.retrieve.rerank import RerankParams
 from llmframe_ray.retrieve.strategy import GRAPH_MISSING, StrategyError
 from llmframe_ray.types import Chunk, Hit, SearchMode
@@ -187,7 +180,7 @@ class Pipeline:
 
 
 class _DirectBackend(DirectCalls):
-    """The plan's requests (retrieve/plan.py: PlanBackend) answered by direct calls."""
+    """The plan's requests (retrieve/drive.py: PlanBackend) answered by direct calls."""
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline

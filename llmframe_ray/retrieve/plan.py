@@ -5,8 +5,8 @@ run concurrently (encode the queries, search one shard with one ranker, read chu
 shard) and receives their answers, in the same order, through `send`; its return value is each
 query's hits. The in-process pipeline answers the requests with direct calls (`run_plan`), the
 Serve Retriever with one call per shard group per step, local or through a deployment handle
-(`run_plan_async`): both rank identically because the ranking logic exists once, here (and in
-retrieve/candidates.py, its array steps).
+(`run_plan_async`; both drivers in retrieve/drive.py): both rank identically because the
+ranking logic exists once, here (and in retrieve/candidates.py, its array steps).
 
     [encode] -> rounds of shard searches (bm25 and dense side by side) -> merge shards
              -> [the graph's list, from whoever holds the knowledge graph (graph/rank.py)]
@@ -16,7 +16,7 @@ retrieve/candidates.py, its array steps).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Generator, Mapping, Protocol, Sequence
+from typing import Any, Generator, Mapping, Sequence
 
 import numpy as np
 
@@ -140,37 +140,6 @@ class FusionParams:
         """These settings with the ranker weights of a dense/sparse weight `alpha`
         (retrieve/strategy.py); None: unchanged."""
         return self if alpha is None else replace(self, weights={**self.weights, **alpha_weights(alpha)})
-
-
-class PlanBackend(Protocol):
-    """What answers a plan's requests: `answer` takes one step's requests and returns their
-    answers in order (a list in process; an awaitable of one where the answers come from
-    other processes)."""
-
-    def answer(self, requests: Sequence[Request]) -> Any: ...
-
-
-class DirectCalls:
-    """A backend's `answer` as one method call per request (encode / search / search_together /
-    search_graph / read_chunks)."""
-
-    def answer(self, requests: Sequence[Request]) -> list[Any]:
-        return [answer_request(self, request) for request in requests]
-
-
-def answer_request(backend: Any, request: Request) -> Any:
-    """Send one request of a plan to the backend method that answers it."""
-    if isinstance(request, Encode):
-        return backend.encode(request.texts)
-    if isinstance(request, SearchShard):
-        return backend.search(request.shard, request.ranker, request.inputs, request.k, request.where)
-    if isinstance(request, SearchShards):
-        return backend.search_together(request.shards, request.ranker, request.inputs, request.k, request.where)
-    if isinstance(request, SearchGraph):
-        return backend.search_graph(request.queries, request.k, request.level, request.where, request.vectors)
-    if isinstance(request, ReadChunks):
-        return backend.read_chunks(request.shard, request.rows)
-    raise TypeError(f"not a retrieval plan request: {request!r}")
 
 
 def search_shard(shard: IndexShard, ranker: Ranker, inputs: Any, k: int, where: Filter | None = None) -> ShardAnswer:
@@ -370,23 +339,3 @@ def _hit(chunk: Chunk, score: float, rank: int, ranks: dict[str, int]) -> Hit:
         ranks=ranks,
         metadata=chunk.metadata,
     )
-
-
-def run_plan(plan: Plan, backend: PlanBackend) -> list[list[Hit]]:
-    """Drive a plan with a backend that answers in this thread."""
-    try:
-        requests = next(plan)
-        while True:
-            requests = plan.send(list(backend.answer(requests)))
-    except StopIteration as done:
-        return done.value
-
-
-async def run_plan_async(plan: Plan, backend: PlanBackend) -> list[list[Hit]]:
-    """Drive a plan with a backend whose `answer` returns an awaitable."""
-    try:
-        requests = next(plan)
-        while True:
-            requests = plan.send(list(await backend.answer(requests)))
-    except StopIteration as done:
-        return done.value

@@ -28,6 +28,7 @@ from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.serve.encoder import QueryEncoder
 from llmframe_ray.serve.generator import Generator
 from llmframe_ray.serve.ingress import Ingress
+from llmframe_ray.serve.metrics_hub import Metrics
 from llmframe_ray.serve.reranker import Reranker
 from llmframe_ray.serve.retriever import Retriever, RetrieverArgs
 from llmframe_ray.serve.sessions import Sessions
@@ -45,6 +46,7 @@ DEPLOYMENTS = {
     "Sessions": Sessions,
     "Writer": Writer,
     "Ingress": Ingress,
+    "Metrics": Metrics,
 }
 
 
@@ -204,6 +206,7 @@ def build_app(args: AppArgs) -> Application:
     if reranker is not None:
         probes["Reranker"] = reranker
         batched["Reranker"] = reranker
+    metrics = deployment("Metrics").bind(settings.metrics_push_interval_s)
     return deployment("Ingress").bind(
-        retriever, reranker, generator, sessions, probes, batched, keys, params.service, (str(root), limits, writer)
+        retriever, reranker, generator, sessions, probes, batched, keys, params.service, (str(root), limits, writer), metrics
     )

@@ -10,7 +10,9 @@ import numpy as np
 from ray import serve
 
 from llmframe_ray.models.embedder import EmbedderParams, embed_each, load_embedder
+from llmframe_ray.serve.metrics_hub import start_pushing
 from llmframe_ray.serve.replica import BatchStats, with_replica_threads
+from llmframe_ray.telemetry import watch_queue
 
 
 MAX_BATCH = 64  # queries
@@ -24,15 +26,22 @@ def _texts(calls: list[tuple[str, ...]]) -> int:
 class QueryEncoder:
     def __init__(self, params: EmbedderParams) -> None:
         self.embedder = load_embedder(with_replica_threads(params))
-        self.stats = BatchStats()
+        self.stats = BatchStats("encode", "queries")
+        self.waiting = 0  # encode calls waiting for or in a batch
+        watch_queue("encode", lambda: self.waiting)
         self.max_batch = MAX_BATCH
         self.embedder.embed(["warm up"] * 32)
+        start_pushing()
 
     async def encode_many(self, queries: Sequence[str]) -> list[np.ndarray | Exception]:
         """Each query's unit vector, or the error of that query alone (embed_each)."""
         step = self.max_batch  # a call larger than a batch is split
         parts = [tuple(queries[i : i + step]) for i in range(0, len(queries), step)]
-        answers = await asyncio.gather(*(self._encode_batch(part) for part in parts))
+        self.waiting += 1
+        try:
+            answers = await asyncio.gather(*(self._encode_batch(part) for part in parts))
+        finally:
+            self.waiting -= 1
         return [result for answer in answers for result in answer]
 
     @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.002, batch_size_fn=_texts)

@@ -14,6 +14,7 @@ from llmframe_ray.generate.costs import PriceTable
 from llmframe_ray.generate.extracting import extract_sentences
 from llmframe_ray.generate.rewriting import has_llm, rewrite_query
 from llmframe_ray.retrieve.rewrite import QueryRewrite, Rewrite, RewriteParams
+from llmframe_ray.serve.metrics_hub import start_pushing
 
 
 class UsageMeter:
@@ -46,6 +47,7 @@ class Generator:
     def __init__(self, params: ProviderParams, prices: str) -> None:
         self.provider = provider_chain(params)
         self.meter = UsageMeter(PriceTable.from_json(prices))
+        start_pushing()  # the provider chain's metrics (telemetry.py) reach GET /metrics
 
     async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion:
         completion = await self.provider.generate(messages, system=system, max_tokens=max_tokens, temperature=temperature)

@@ -20,6 +20,7 @@ from llmframe_ray.api.auth import ApiKeys
 from llmframe_ray.api.documents import DocumentLimits, DocumentsApi
 from llmframe_ray.api.http import create_app
 from llmframe_ray.api.params import ServiceParams
+from llmframe_ray.serve.metrics_hub import scrape, start_pushing
 from llmframe_ray.serve.replica import unwrap
 from llmframe_ray.serve.retriever import RetrieverArgs, RetrieverCore
 from llmframe_ray.api.failures import StageTimeoutError, StageUnavailableError
@@ -202,8 +203,9 @@ class Ingress:
         keys: ApiKeys,
         params: ServiceParams,
         documents: tuple[str, DocumentLimits, DeploymentHandle] | None = None,  # index, limits, Writer
+        metrics: DeploymentHandle | None = None,  # the Metrics deployment, which adds up every replica's metrics
     ) -> None:
-        self.keys = keys  # digests only: the keys themselves never leave the app builder
+        self.keys, self.metrics = keys, metrics  # digests only: the keys themselves never leave the app builder
         self.documents = None
         if documents is not None:
             index_dir, limits, writer = documents
@@ -213,6 +215,8 @@ class Ingress:
             probes, batched = {**probes, "Retriever": retriever}, {**batched, "Retriever": retriever}
         stages = ServeStages(retriever, reranker, generator, sessions, probes, batched, params.limits.stage_timeout_s)
         self.service = RagService(stages, params)
+        start_pushing()
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_app(self.service, self.keys, self.documents)
+        hub = self.metrics
+        return create_app(self.service, self.keys, self.documents, None if hub is None else lambda: scrape(hub, "Ingress"))

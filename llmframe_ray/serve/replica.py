@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Protocol, TypeVar
 
+from llmframe_ray.telemetry import BATCH_SIZE
+
 
 class Threaded(Protocol):
     threads: int | None
@@ -31,9 +33,12 @@ def with_replica_threads(params: P) -> P:
 
 
 class BatchStats:
-    """How many calls each batch held (and items, where a call carries several)."""
+    """How many calls each batch of a stage held (and items, where a call carries several, in
+    `unit`s); also observed as /metrics' llmframe_batch_size."""
 
-    def __init__(self) -> None:
+    def __init__(self, stage: str, unit: str | None = None) -> None:
+        self.sizes = BATCH_SIZE.labels(stage, "requests")
+        self.item_sizes = None if unit is None else BATCH_SIZE.labels(stage, unit)
         self.batches = 0
         self.calls = 0
         self.items = 0
@@ -44,6 +49,9 @@ class BatchStats:
         self.calls += calls
         self.items += calls if items is None else items
         self.largest = max(self.largest, calls)
+        self.sizes.observe(calls)
+        if self.item_sizes is not None:
+            self.item_sizes.observe(calls if items is None else items)
 
     def as_dict(self) -> dict[str, float]:
         mean = self.calls / self.batches if self.batches else 0.0

@@ -8,7 +8,9 @@ from typing import Any, Mapping, Sequence
 from ray import serve
 
 from llmframe_ray.models.sources import RerankerModelParams, load_reranker
+from llmframe_ray.serve.metrics_hub import start_pushing
 from llmframe_ray.serve.replica import BatchStats, with_replica_threads
+from llmframe_ray.telemetry import watch_queue
 
 # A batch is capped by pairs (a request carries up to LLMFRAME_RERANKER_DEPTH of them).
 MAX_BATCH_PAIRS = 256
@@ -47,15 +49,22 @@ class Reranker:
     def __init__(self, params: RerankerModelParams, depth: int) -> None:
         self.encoder = load_reranker(with_replica_threads(params))
         self.depth = depth  # a batch always has room for one request's pairs
-        self.stats = BatchStats()
+        self.stats = BatchStats("rerank", "pairs")
+        self.waiting = 0  # score calls waiting for or in a batch
+        watch_queue("rerank", lambda: self.waiting)
         self._score_batch.set_max_batch_size(max(MAX_BATCH_PAIRS, depth))
         self.encoder.score("warm up", ["warm up"] * self.encoder.batch_size)
+        start_pushing()
 
     async def score(self, query: str, passages: Sequence[str]) -> list[float]:
         """The cross-encoder's score of each passage for the query, in order."""
         if not passages:
             return []
-        result = await self._score_batch((query, tuple(passages)))
+        self.waiting += 1
+        try:
+            result = await self._score_batch((query, tuple(passages)))
+        finally:
+            self.waiting -= 1
         if isinstance(result, Exception):
             raise result
         return result

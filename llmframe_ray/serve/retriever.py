@@ -39,12 +39,15 @@ from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.embedder import EmbedderParams, check_query_text, embed_each, load_embedder
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.facts import ShardFacts, bm25_consistency_problem
-from llmframe_ray.retrieve.plan import Request, ResultLevel, SearchGraph, retrieval_plan, run_plan_async
+from llmframe_ray.retrieve.drive import run_plan_async
+from llmframe_ray.retrieve.plan import Request, ResultLevel, SearchGraph, retrieval_plan
 from llmframe_ray.graph.inspect import graph_query as answer_graph
 from llmframe_ray.graph.search import open_for_version
 from llmframe_ray.retrieve.shard_cache import ShardCache, answer_all
 from llmframe_ray.serve.activity import MachineSearches
+from llmframe_ray.serve.metrics_hub import start_pushing
 from llmframe_ray.serve.replica import BatchStats, replica_threads, unwrap, with_replica_threads
+from llmframe_ray.telemetry import timed_step, watch_queue
 from llmframe_ray.types import SearchMode
 
 logger = logging.getLogger("ray.serve")
@@ -94,9 +97,7 @@ class RetrieverCore:
     """The Retriever's logic, in whichever replica holds it: `await RetrieverCore(args).start()`."""
 
     def __init__(self, args: RetrieverArgs) -> None:
-        self.fusion = args.params.fusion
-        self.index = IndexDirectory(args.index_dir)
-        self.args = args
+        self.fusion, self.index, self.args = args.params.fusion, IndexDirectory(args.index_dir), args
         self.groups = [Group(tuple(shards), handle) for shards, handle in args.groups]
         self.n_shards = sum(len(g.shards) for g in self.groups)
         self.group_of = {shard: i for i, g in enumerate(self.groups) for shard in g.shards}
@@ -108,11 +109,12 @@ class RetrieverCore:
         self.encoder: DeploymentHandle | None = None if isinstance(args.encoder, EmbedderParams) else args.encoder
         self.embedder: Any = None
         self.searches: MachineSearches | None = None  # in flight on this machine, when there is a solo session
-        self.stats = BatchStats()
+        self.stats = BatchStats("retrieve")
         self.pending = 0  # searches waiting for or in a batch
+        watch_queue("retrieve", lambda: self.pending)
         self.shed = 0  # searches refused because `pending` was at the limit
         self.solo = 0  # queries encoded through the solo session
-        self.problem: str | None = None
+        self.problem: str | None = None  # why the newest version is not served
         self._failed: str | None = None
         self._switching = asyncio.Lock()
         self._watcher: asyncio.Task | None = None
@@ -192,7 +194,8 @@ class RetrieverCore:
         vectors = None
         live = list(range(len(asks)))
         if mode.uses_dense:
-            encoded = await self._encode([a.query for a in asks])
+            with timed_step("encode"):
+                encoded = await self._encode([a.query for a in asks])
             for i, result in enumerate(encoded):
                 if isinstance(result, BaseException):
                     out[i] = result
@@ -246,9 +249,8 @@ class RetrieverCore:
         return [None if isinstance(v, BaseException) else v for v in encoded]
 
     async def _warm_up(self) -> None:
-        """One search before the first request: loading the compiled ranking functions cost the
-        first search 395 ms, later ones 5-6 ms (sample index). Only a local model encodes for it,
-        else BM25 alone if it can; a failure is only logged (requests report their own)."""
+        """One search before the first request (loading the compiled ranking functions cost the first
+        search 395 ms, later ones 5-6 ms), with a local model, else BM25 alone; a failure is logged."""
         local = getattr(self.embedder, "provider", None) == "local"
         bm25 = self.served.bm25_problem is None
         if not (local or bm25):
@@ -263,9 +265,8 @@ class RetrieverCore:
         self.solo = 0  # counts requests only
 
     async def _first_version(self, current: str) -> Served:
-        """CURRENT's version, or, when it cannot be served, the newest older one that can (so a
-        replica that restarts after a bad publish serves what the running replicas kept serving
-        instead of failing); `problem` and /v1/index say so."""
+        """CURRENT's version, or, when it cannot be served, the newest older one that can (a replica
+        restarting after a bad publish serves what the others kept serving); /v1/index says so."""
         try:
             return await self._prepare(current)
         except (IndexLoadError, ModelError) as exc:
@@ -287,10 +288,8 @@ class RetrieverCore:
         info = self.index.version_info(version)
         n_shards = int(info["shards"])
         if n_shards != self.n_shards:
-            raise IndexLoadError(
-                f"version {version} has {n_shards} shards but this app was deployed for "
-                f"{self.n_shards}; redeploy the app to serve it"
-            )
+            what = f"version {version} has {n_shards} shards but this app was deployed for {self.n_shards}"
+            raise IndexLoadError(f"{what}; redeploy the app to serve it")
         try:
             described = await asyncio.gather(*(self._group_call(g, "describe", version) for g in self.groups))
             model = self.embedder.info() if self.embedder is not None else await self.encoder.model.remote()
@@ -373,10 +372,11 @@ class Retriever(RetrieverCore):
     async def __init__(self, args: RetrieverArgs) -> None:
         RetrieverCore.__init__(self, args)
         await self.start()
+        start_pushing()  # its batches and plan steps reach GET /metrics
 
 
 class _Backend:
-    """A plan step's requests (retrieve/plan.py: PlanBackend), one call per shard group, on one version."""
+    """A plan step's requests (retrieve/drive.py: PlanBackend), one call per shard group, on one version."""
 
     def __init__(self, retriever: RetrieverCore, version: str) -> None:
         self.retriever, self.version = retriever, version

@@ -10,6 +10,7 @@ from ray import serve
 
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.shard_cache import ShardCache
+from llmframe_ray.serve.metrics_hub import start_pushing
 from llmframe_ray.serve.replica import replica_threads
 
 
@@ -20,3 +21,4 @@ class ShardGroup(ShardCache):
 
         faiss.omp_set_num_threads(threads if threads is not None else replica_threads())
         super().__init__(index_dir, shards, params)
+        start_pushing()

@@ -5,9 +5,11 @@ concurrent requests in one batch that hold a bad query get their own answers."""
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmframe_ray.config import load_settings
 from llmframe_ray.graph.build import ensure_graph
@@ -23,7 +25,7 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, model_dir):
-    overrides = {"api_secret_key": KEY, "fusion_depth": 10, "index_watch_interval_s": 0}
+    overrides = {"api_secret_key": KEY, "fusion_depth": 10, "index_watch_interval_s": 0, "metrics_push_interval_s": 0.2}
     index_dir = tmp_path_factory.mktemp("local") / "index"
     build_index(DOCS, index_dir, load_settings(**overrides).params().index, OnnxEmbedder(model_dir, threads=2), shards=2)
     ensure_graph(index_dir)  # the graph strategies, answered where every shard is held
@@ -86,3 +88,43 @@ def test_compressed_scores_sentences_with_the_replicas_encoder(served):
     body = squeezed.json()
     assert body["warnings"] == [] and "compress" in body["timings_ms"]
     assert [(h["chunk_id"], h["text"]) for h in body["hits"]] == [(h["chunk_id"], h["text"]) for h in plain["hits"]]
+
+
+def scraped(client) -> dict[tuple[str, tuple], float]:
+    families = text_string_to_metric_families(client.get("/metrics").text)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in families for s in family.samples}
+
+
+def test_one_scrape_adds_up_both_ingress_replicas_and_the_generator(served):
+    """Whichever Ingress replica answers /metrics, it counts the requests of both, and the
+    provider calls made in the Generator's process (serve/metrics_hub.py)."""
+    client, _, _ = served
+    searches = ("llmframe_http_requests_total", (("method", "POST"), ("route", "/v1/search"), ("status", "200")))
+    attempts = ("llmframe_provider_attempts_total", (("outcome", "ok"), ("provider", "extractive")))
+    retrieved = ("llmframe_batch_size_sum", (("stage", "retrieve"), ("unit", "requests")))
+    time.sleep(1.0)  # every replica has pushed what the earlier tests sent
+    before = scraped(client)
+    n = 24
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda q: client.post("/v1/search", headers=AUTH, json={"query": q, "top_k": 3}),
+                                [QUERIES[i % len(QUERIES)] for i in range(n)]))
+    assert [a.status_code for a in answers] == [200] * n
+    asked = client.post("/v1/query", headers=AUTH, json={"question": QUERIES[0], "top_k": 3})
+    assert asked.status_code == 200, asked.text
+    deadline, seen = time.monotonic() + 30, []
+    while time.monotonic() < deadline:
+        now = scraped(client)
+        seen.append((now.get(searches, 0.0) - before.get(searches, 0.0), now.get(attempts, 0.0) - before.get(attempts, 0.0)))
+        if seen[-1] == (n, 1):
+            break
+        time.sleep(0.2)
+    assert seen[-1] == (n, 1), seen[-5:]
+    for _ in range(4):  # the same totals from whichever replica answers
+        again = scraped(client)
+        assert (again[searches] - before.get(searches, 0.0), again[attempts] - before.get(attempts, 0.0)) == (n, 1)
+    assert again[retrieved] - before.get(retrieved, 0.0) == n + 1  # the question's search too
+    replicas = {labels[0][1]: value for (name, labels), value in again.items() if name == "llmframe_metrics_replicas"}
+    assert replicas["Ingress"] == 2 and replicas["Generator"] == 1
+    steps = {dict(labels)["step"] for (name, labels) in again if name == "llmframe_retrieval_step_seconds_count"}
+    assert {"encode", "search", "read", "rank"} <= steps
+    assert again["llmframe_queue_length", (("stage", "retrieve"),)] == 0.0

@@ -18,7 +18,8 @@ from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import publish_shards
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
 from llmframe_ray.retrieve.pipeline import Pipeline, _DirectBackend
-from llmframe_ray.retrieve.plan import FusionParams, ResultLevel, retrieval_plan, run_plan
+from llmframe_ray.retrieve.drive import run_plan
+from llmframe_ray.retrieve.plan import FusionParams, ResultLevel, retrieval_plan
 from llmframe_ray.types import INDEX_MODES, Chunk, RankedList, SearchMode
 
 WORDS = "moon tide ocean lava ice bee honey iron rust tea leaf salt wind rain sand star".split()

@@ -17,7 +17,8 @@ from llmframe_ray.index.metadata import parse_filter
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import publish_shards
 from llmframe_ray.retrieve.pipeline import Pipeline, _DirectBackend
-from llmframe_ray.retrieve.plan import FusionParams, ResultLevel, retrieval_plan, run_plan
+from llmframe_ray.retrieve.drive import run_plan
+from llmframe_ray.retrieve.plan import FusionParams, ResultLevel, retrieval_plan
 from llmframe_ray.retrieve.strategy import GRAPH_MISSING, StrategyError
 from llmframe_ray.types import Chunk, SearchMode
 

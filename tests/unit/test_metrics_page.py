@@ -60,6 +60,9 @@ def test_the_numbers_move_with_requests(index):
         "unmatched": sample(client, "llmframe_http_requests_total", route="unmatched", method="GET", status="404"),
         "answers": sample(client, "llmframe_answers_total", provider="extractive", finish_reason="stop"),
         "generate": sample(client, "llmframe_stage_seconds_count", stage="generate"),
+        "search": sample(client, "llmframe_retrieval_step_seconds_count", step="search"),
+        "encode": sample(client, "llmframe_retrieval_step_seconds_count", step="encode"),
+        "attempts": sample(client, "llmframe_provider_attempts_total", provider="extractive", outcome="ok"),
     }
     for _ in range(3):
         assert client.post("/v1/search", json={"query": "Shirley Temple", "mode": "bm25"}, headers=AUTH).status_code == 200
@@ -75,6 +78,10 @@ def test_the_numbers_move_with_requests(index):
     assert sample(client, "llmframe_http_requests_total", route="unmatched", method="GET", status="404") == before["unmatched"] + 1
     assert sample(client, "llmframe_answers_total", provider="extractive", finish_reason="stop") == before["answers"] + 1
     assert sample(client, "llmframe_stage_seconds_count", stage="generate") == before["generate"] + 1
+    # each BM25 retrieval is one plan with one round of shard searches and no encoding
+    assert sample(client, "llmframe_retrieval_step_seconds_count", step="search") == before["search"] + 4
+    assert sample(client, "llmframe_retrieval_step_seconds_count", step="encode") == before["encode"]
+    assert sample(client, "llmframe_provider_attempts_total", provider="extractive", outcome="ok") == before["attempts"] + 1
     version = answer.json()["version"]
     assert sample(client, "llmframe_index_version_info", version=version) == 1.0
     assert sample(client, "llmframe_http_requests_in_flight") == 1.0  # the scrape itself
@@ -103,8 +110,13 @@ def test_the_grafana_dashboard_queries_only_metrics_the_app_exports(index):
 
     client, _ = http_client(index)
     client.post("/v1/search", json={"query": "Kiss and Tell", "mode": "bm25"}, headers=AUTH)
+    asked = client.post("/v1/query", json={"question": "Who starred in Kiss and Tell?", "mode": "bm25"}, headers=AUTH)
+    assert asked.status_code == 200, asked.text
     exported = {s.name for family in text_string_to_metric_families(client.get("/metrics").text) for s in family.samples}
-    exported |= {"llmframe_llm_tokens_total", "llmframe_llm_cost_usd_total", "llmframe_answers_total"}  # after an answer
+    exported |= {"llmframe_llm_cost_usd_total",  # with a priced model
+                 "llmframe_provider_fallbacks_total",  # after a provider failed
+                 "llmframe_batch_size_sum", "llmframe_batch_size_count", "llmframe_queue_length",  # Serve's batching stages
+                 "llmframe_metrics_replicas"}  # under Serve (serve/metrics_hub.py; tests/integration/test_serve_local_layout.py)
     dashboard = json.loads((Path(__file__).resolve().parents[2] / "deployments" / "grafana-dashboard.json").read_text())
     used = {name for panel in dashboard["panels"] for target in panel["targets"]
             for name in re.findall(r"llmframe_[a-z_]+", target["expr"])}

@@ -12,6 +12,7 @@ from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.retrieve import joint
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.plan import ResultLevel
+from llmframe_ray.telemetry import REGISTRY
 from llmframe_ray.types import INDEX_MODES, Document, SearchMode
 
 retriever = pytest.importorskip("llmframe_ray.serve.retriever")
@@ -192,10 +193,20 @@ def test_searches_past_the_pending_limit_are_refused_at_once(tmp_path, model_dir
             return (await core._answer(core.served, [ask]))[0]
 
         core._batch = one_at_a_time
+        queued = []
+        watched = core._answer
+
+        async def answer(served, asks):  # /metrics' queue length while two searches wait or run
+            queued.append(REGISTRY.get_sample_value("llmframe_queue_length", {"stage": "retrieve"}))
+            return await watched(served, asks)
+
+        core._answer = answer
         first = await asyncio.gather(
             *(core.retrieve(q, SearchMode.BM25, ResultLevel.DOCUMENT, 3) for q in QUERIES), return_exceptions=True
         )
         later = await core.retrieve(QUERIES[4], SearchMode.BM25, ResultLevel.DOCUMENT, 3)
+        assert (queued[0], queued[-1]) == (2.0, 1.0)  # the two admitted ones waiting together; the later one alone
+        assert REGISTRY.get_sample_value("llmframe_queue_length", {"stage": "retrieve"}) == 0.0
         return first, later, core.batch_stats()
 
     first, later, stats = asyncio.run(scenario())
@@ -241,3 +252,33 @@ def test_a_failed_warm_up_is_logged_and_the_replica_still_starts(setup, monkeypa
     monkeypatch.setattr(core, "_answer", broken)
     asyncio.run(core._warm_up())
     assert "the warm-up search failed: no disk" in caplog.text
+
+
+def test_a_batch_plan_observes_its_steps_for_metrics(setup):
+    core, _ = setup
+
+    def counts():
+        return {step: REGISTRY.get_sample_value("llmframe_retrieval_step_seconds_count", {"step": step}) or 0.0
+                for step in ("encode", "search", "read", "rank", "graph")}
+
+    before = counts()
+    asks = [retriever.Ask(q, SearchMode.HYBRID, ResultLevel.DOCUMENT, 3) for q in QUERIES]
+    asyncio.run(core._answer(core.served, asks))
+    moved = {step: counts()[step] - before[step] for step in before}
+    # one batch of five: encoded before its plan, one round of searches (both rankers), one read
+    assert moved == {"encode": 1.0, "search": 1.0, "read": 1.0, "rank": 1.0, "graph": 0.0}
+
+
+def test_batch_sizes_are_observed_in_requests_and_items():
+    from llmframe_ray.serve.replica import BatchStats
+
+    def sample(suffix, unit):
+        return REGISTRY.get_sample_value(f"llmframe_batch_size_{suffix}", {"stage": "rerank", "unit": unit}) or 0.0
+
+    before = {(s, u): sample(s, u) for s in ("sum", "count") for u in ("requests", "pairs")}
+    stats = BatchStats("rerank", "pairs")
+    stats.record(3, 40)
+    stats.record(1, 7)
+    after = {(s, u): sample(s, u) - before[s, u] for s, u in before}
+    assert after == {("sum", "requests"): 4.0, ("count", "requests"): 2.0, ("sum", "pairs"): 47.0, ("count", "pairs"): 2.0}
+    assert stats.as_dict()["largest_batch_calls"] == 3
