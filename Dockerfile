@@ -25,6 +25,10 @@ RUN test -n "$TORCH_INDEX_URL" || { echo "set --build-arg TORCH_INDEX_URL to PyT
  && pip install --index-url "$TORCH_INDEX_URL" "torch==2.13.0" \
  && pip install . "torch==2.13.0"
 
+# /data belongs to the app user: a new named volume takes the ownership of the image's folder
+# (root-owned, the default command could not write the index there).
+RUN mkdir -p /data && chown 10001:10001 /data
+
 USER 10001
 # Export the bundled embedding model once, into the image (LLMFRAME_HOME/models).
 RUN python -c "from llmframe_ray.config import load_settings; from llmframe_ray.models.embedder import ensure_local_model; ensure_local_model(load_settings().models_dir)"

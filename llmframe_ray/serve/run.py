@@ -88,13 +88,14 @@ def haproxy_wrapper() -> str | None:
 
 def haproxy_maxconn(cap: int = 65536) -> int:
     """The most connections HAProxy can hold open under this process's file-descriptor limit
-    (it needs about 2.5 descriptors per connection and refuses to start when they do not fit);
-    never below its own default of 4,096. Connections past it wait in the kernel's accept queue,
-    where no deadline runs: measured at 4x capacity (README "Reliability and security"), 4,096
-    left about half of the requests with transport errors and 7,000 left none."""
+    (it needs about 2.5 descriptors per connection and refuses to start when they do not fit,
+    so where the limit is low, as in a container with 1,024 descriptors, this goes below Serve's
+    default of 4,096 instead of keeping the app from starting). Connections past it wait in the
+    kernel's accept queue, where no deadline runs: measured at 4x capacity (README "Reliability
+    and security"), 4,096 left about half of the requests with transport errors and 7,000 none."""
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard == resource.RLIM_INFINITY:
         return cap
-    return max(4096, min(cap, int((hard - 100) / 2.5)))
+    return max(64, min(cap, int((hard - 100) / 2.5)))

@@ -93,7 +93,7 @@ def test_ingress_replicas_from_the_apps_own_options():
     assert ingress_replicas({"num_replicas": "auto", "autoscaling_config": {"min_replicas": 4}}) == 4
 
 
-@pytest.mark.parametrize("hard,expected", [(20000, 7960), (4096, 4096), (1_000_000, 65536)])
+@pytest.mark.parametrize("hard,expected", [(20000, 7960), (4096, 1598), (1024, 369), (200, 64), (1_000_000, 65536)])
 def test_haproxy_connections_fit_the_descriptor_limit(monkeypatch, hard, expected):
     import resource
 
