@@ -165,7 +165,7 @@ class Settings(PipelineSettings):
     # serving checks every index file's SHA-256 when it loads a version (sizes are always checked)
     index_verify_on_load: bool = Field(True, validation_alias=_env("INDEX_VERIFY_ON_LOAD"))
     index_watch_interval_s: float = Field(2.0, ge=0, validation_alias=_env("INDEX_WATCH_INTERVAL_S"))
-    # under Serve, each replica sends its metrics to the Metrics deployment this often (serve/metrics_hub.py)
+    # under Serve, each replica sends its metrics to the Sessions replica (the app's sum) this often (serve/metrics_hub.py)
     metrics_push_interval_s: float = Field(5.0, ge=0.05, le=3600, validation_alias=_env("METRICS_PUSH_INTERVAL_S"))
 
     # Generation: an ordered chain of providers, each tried (with retries) before the next

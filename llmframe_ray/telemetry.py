@@ -7,7 +7,7 @@ and the metrics of core parts that are not HTTP:
     llmframe_retrieval_step_seconds{step}                 one retrieval plan's time by step (a plan
                                                           answers a batch of queries): encode,
                                                           search (shard searches), graph, read
-                                                          (chunk reads), rank (the plan's own work:
+                                                          (chunk reads), fusion (the plan's own work:
                                                           merging, fusion, ranking, hits)
     llmframe_batch_size{stage, unit}                      items per batch of a batching stage:
                                                           retrieve / encode / rerank, in requests,
@@ -16,7 +16,7 @@ and the metrics of core parts that are not HTTP:
                                                           in this process: retrieve, encode, rerank
 
 Counted in the process that does the work: the app in process; under Serve each replica, whose
-registries the Metrics deployment adds up (serve/metrics_hub.py)."""
+registries the Sessions replica adds up (serve/metrics_hub.py)."""
 
 from __future__ import annotations
 
@@ -87,13 +87,13 @@ class StepClock:
         self.mark = now
 
     def asked(self) -> None:
-        self._add("rank")
+        self._add("fusion")
 
     def answered(self, step: str) -> None:
         self._add(step)
 
     def done(self) -> None:
-        self._add("rank")
+        self._add("fusion")
         for step, seconds in self.spent.items():
             RETRIEVAL_STEP.labels(step).observe(seconds)
 

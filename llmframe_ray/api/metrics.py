@@ -13,7 +13,7 @@
     llmframe_answers_total{provider, finish_reason}       answers by the provider that wrote them
     llmframe_index_version_info{version}                  1 for the index version last served
     and those of telemetry.py: provider attempts, fallbacks and breakers; retrieval plan steps
-    (encode, search, graph, read, rank); batch sizes and queue lengths of the batching stages.
+    (encode, search, graph, read, fusion); batch sizes and queue lengths of the batching stages.
 
 The metrics live in one registry per process (telemetry.REGISTRY). In the app in process,
 /metrics shows it; under Serve, the scrape shows the sum over every replica of the app

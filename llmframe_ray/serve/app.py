@@ -28,7 +28,6 @@ from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.serve.encoder import QueryEncoder
 from llmframe_ray.serve.generator import Generator
 from llmframe_ray.serve.ingress import Ingress
-from llmframe_ray.serve.metrics_hub import Metrics
 from llmframe_ray.serve.reranker import Reranker
 from llmframe_ray.serve.retriever import Retriever, RetrieverArgs
 from llmframe_ray.serve.sessions import Sessions
@@ -46,7 +45,6 @@ DEPLOYMENTS = {
     "Sessions": Sessions,
     "Writer": Writer,
     "Ingress": Ingress,
-    "Metrics": Metrics,
 }
 
 
@@ -190,7 +188,7 @@ def build_app(args: AppArgs) -> Application:
         reranker_model = reranker_model.with_threads(args.reranker_threads)
     reranker = deployment("Reranker").bind(reranker_model, params.rerank.depth) if use_reranker else None
     generator = deployment("Generator").bind(params.providers, params.service.generation.prices)
-    sessions = deployment("Sessions").bind(params.sessions)
+    sessions = deployment("Sessions").bind(params.sessions, settings.metrics_push_interval_s)  # also the metrics hub
 
     job = JobParams(params.embedder, params.index, replace(params.ingest, cpu_scale=settings.writer_cpu_scale))
     writer = deployment("Writer").bind(str(root), job, settings.writer_batch_wait_s)
@@ -206,7 +204,6 @@ def build_app(args: AppArgs) -> Application:
     if reranker is not None:
         probes["Reranker"] = reranker
         batched["Reranker"] = reranker
-    metrics = deployment("Metrics").bind(settings.metrics_push_interval_s)
     return deployment("Ingress").bind(
-        retriever, reranker, generator, sessions, probes, batched, keys, params.service, (str(root), limits, writer), metrics
+        retriever, reranker, generator, sessions, probes, batched, keys, params.service, (str(root), limits, writer)
     )

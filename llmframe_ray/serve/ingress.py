@@ -203,9 +203,8 @@ class Ingress:
         keys: ApiKeys,
         params: ServiceParams,
         documents: tuple[str, DocumentLimits, DeploymentHandle] | None = None,  # index, limits, Writer
-        metrics: DeploymentHandle | None = None,  # the Metrics deployment, which adds up every replica's metrics
     ) -> None:
-        self.keys, self.metrics = keys, metrics  # digests only: the keys themselves never leave the app builder
+        self.keys, self.sessions = keys, sessions  # Sessions also sums every replica's metrics  # digests only: the keys themselves never leave the app builder
         self.documents = None
         if documents is not None:
             index_dir, limits, writer = documents
@@ -218,5 +217,4 @@ class Ingress:
         start_pushing()
 
     def __serve_build_asgi_app__(self) -> Any:
-        hub = self.metrics
-        return create_app(self.service, self.keys, self.documents, None if hub is None else lambda: scrape(hub, "Ingress"))
+        return create_app(self.service, self.keys, self.documents, lambda: scrape(self.sessions, "Ingress"))

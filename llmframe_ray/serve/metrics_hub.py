@@ -1,16 +1,19 @@
-"""Metrics: the app's Prometheus metrics added up over every replica of every deployment.
+"""The app's Prometheus metrics added up over every replica of every deployment.
 
 Each replica counts in its own process (telemetry.REGISTRY). `start_pushing()`, called in each
-deployment's constructor, sends that registry's state to the Metrics deployment every
+deployment's constructor, sends that registry's state to the app's hub every
 `LLMFRAME_METRICS_PUSH_INTERVAL_S` seconds (the interval comes back with each answer); the
 Ingress's `GET /metrics` sends its own state with the scrape and gets back the sum of all of
 them. So one scrape, whichever Ingress replica answers it, counts the requests of every replica,
 the provider calls of the Generator and the batches of the Retriever, QueryEncoder and Reranker,
 each at most one interval old.
 
+The hub (`MetricsHub`) is part of the Sessions deployment, the app's one replica of shared
+state (conversations and token counts too): a process of its own cost about 230 MB of memory.
+
 A replica that stops pushing (it died, or was scaled down) keeps its counters and histograms in
 the sum, so totals never go back; its gauges (requests in flight, queue lengths, breakers) are
-dropped after three intervals of silence. The state is the pushed state: if the Metrics replica
+dropped after three intervals of silence. The state is the pushed state: if the hub's replica
 restarts, each replica's totals come back with its next push.
 """
 
@@ -28,7 +31,7 @@ from llmframe_ray.telemetry import Snapshot, describe, snapshot
 
 logger = logging.getLogger("ray.serve")
 
-HUB = "Metrics"  # the deployment's name in the app (serve/app.py)
+HUB = "Sessions"  # the deployment that holds the hub (serve/sessions.py)
 STALE_INTERVALS = 3
 FIRST_PUSH_S = 1.0
 RETRY_S = 5.0
@@ -41,8 +44,9 @@ class Source:
     state: Snapshot
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256, max_queued_requests=1024)
-class Metrics:
+class MetricsHub:
+    """The sum of the replicas' pushed states (one instance per app: in its Sessions replica)."""
+
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self.sources: dict[str, Source] = {}
@@ -56,9 +60,6 @@ class Metrics:
         """The scraping replica's state kept, then every replica's summed, as Prometheus text."""
         self.push(replica, deployment, state)
         return merged_text(self.sources, time.monotonic(), self.interval_s)
-
-    def ready(self) -> str:
-        return "ready"
 
 
 def merged_text(sources: dict[str, Source], now: float, interval_s: float) -> bytes:
@@ -94,8 +95,6 @@ def start_pushing() -> None:
         return
     replica, deployment = context.replica_id.unique_id, context.deployment
     _started.append(replica)
-    if deployment == HUB:
-        return
     _tasks.append(loop.create_task(_push_forever(context.app_name, replica, deployment)))
 
 

@@ -1,6 +1,7 @@
-"""Sessions: conversation history per session id, and generation tokens spent per API key today
-(one replica, so every Ingress replica sees the same counts; both live in its memory and a
-restart forgets them)."""
+"""Sessions: the app's shared state, in one replica so that every Ingress replica sees the same:
+conversation history per session id, generation tokens spent per API key today, and the sum of
+every replica's metrics that GET /metrics shows (serve/metrics_hub.py). All live in its memory;
+a restart forgets the first two, and the metrics come back with the replicas' next pushes."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from ray import serve
 
 from llmframe_ray.generate.base import Message
 from llmframe_ray.generate.sessions import SessionParams, SessionStore, TokenLedger
+from llmframe_ray.serve.metrics_hub import MetricsHub
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0.02}, max_ongoing_requests=512, max_queued_requests=1024)
-class Sessions:
-    def __init__(self, params: SessionParams) -> None:
+class Sessions(MetricsHub):
+    def __init__(self, params: SessionParams, metrics_push_interval_s: float = 5.0) -> None:
+        MetricsHub.__init__(self, metrics_push_interval_s)
         self.store = SessionStore(params.token_budget, params.max_sessions)
         self.ledger = TokenLedger()
 

@@ -126,5 +126,5 @@ def test_one_scrape_adds_up_both_ingress_replicas_and_the_generator(served):
     replicas = {labels[0][1]: value for (name, labels), value in again.items() if name == "llmframe_metrics_replicas"}
     assert replicas["Ingress"] == 2 and replicas["Generator"] == 1
     steps = {dict(labels)["step"] for (name, labels) in again if name == "llmframe_retrieval_step_seconds_count"}
-    assert {"encode", "search", "read", "rank"} <= steps
+    assert {"encode", "search", "read", "fusion"} <= steps
     assert again["llmframe_queue_length", (("stage", "retrieve"),)] == 0.0

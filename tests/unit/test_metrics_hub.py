@@ -1,4 +1,4 @@
-"""The Metrics deployment's sum of every replica's registry (serve/metrics_hub.py), without a
+"""The metrics hub's sum of every replica's registry (serve/metrics_hub.py), without a
 cluster: registries of two "replicas" pushed, then one scrape text."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_a_silent_replica_keeps_its_counts_but_not_its_gauges():
 
 
 def test_the_hub_keeps_the_latest_push_of_each_replica_and_names_the_interval():
-    metrics = hub.Metrics.func_or_class(2.5)
+    metrics = hub.MetricsHub(2.5)
     assert metrics.push("a", "Ingress", replica(1, [], 0)) == 2.5
     assert metrics.push("a", "Ingress", replica(5, [], 0)) == 2.5  # cumulative state: replaces, never adds
     text = metrics.exposition("b", "Ingress", replica(2, [], 0))

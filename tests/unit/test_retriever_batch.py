@@ -259,14 +259,14 @@ def test_a_batch_plan_observes_its_steps_for_metrics(setup):
 
     def counts():
         return {step: REGISTRY.get_sample_value("llmframe_retrieval_step_seconds_count", {"step": step}) or 0.0
-                for step in ("encode", "search", "read", "rank", "graph")}
+                for step in ("encode", "search", "read", "fusion", "graph")}
 
     before = counts()
     asks = [retriever.Ask(q, SearchMode.HYBRID, ResultLevel.DOCUMENT, 3) for q in QUERIES]
     asyncio.run(core._answer(core.served, asks))
     moved = {step: counts()[step] - before[step] for step in before}
     # one batch of five: encoded before its plan, one round of searches (both rankers), one read
-    assert moved == {"encode": 1.0, "search": 1.0, "read": 1.0, "rank": 1.0, "graph": 0.0}
+    assert moved == {"encode": 1.0, "search": 1.0, "read": 1.0, "fusion": 1.0, "graph": 0.0}
 
 
 def test_batch_sizes_are_observed_in_requests_and_items():
