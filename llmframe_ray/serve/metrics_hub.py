@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 from ray import serve
 
-from llmframe_ray.telemetry import Snapshot, describe, snapshot
+from llmframe_ray.telemetry import REGISTRY, Snapshot, describe, snapshot
 
 logger = logging.getLogger("ray.serve")
 
@@ -35,6 +35,7 @@ HUB = "Sessions"  # the deployment that holds the hub (serve/sessions.py)
 STALE_INTERVALS = 3
 FIRST_PUSH_S = 1.0
 RETRY_S = 5.0
+SCRAPE_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -118,6 +119,14 @@ async def _push_forever(app: str, replica: str, deployment: str) -> None:
 
 
 async def scrape(hub: object, deployment: str) -> bytes:
-    """The app-wide metrics text, asked of the hub by a scraping Ingress replica with its own state."""
-    context = serve.get_replica_context()
-    return await hub.exposition.remote(context.replica_id.unique_id, deployment, snapshot())  # type: ignore[attr-defined]
+    """The app-wide metrics text, asked of the hub by a scraping Ingress replica with its own
+    state. Where the hub does not answer (its replica restarting), this replica's own metrics,
+    under a comment that says so: a scrape still gets numbers, never an error."""
+    try:
+        replica = serve.get_replica_context().replica_id.unique_id
+        send = hub.exposition.remote(replica, deployment, snapshot())  # type: ignore[attr-defined]
+        return await asyncio.wait_for(send, SCRAPE_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - answer with what this replica has
+        logger.warning("the app-wide metrics are unavailable (%s: %s); answering this replica's own", type(exc).__name__, exc)
+        note = f"# the app-wide sum is unavailable ({type(exc).__name__}); these are one {deployment} replica's metrics\n"
+        return note.encode() + generate_latest(REGISTRY)

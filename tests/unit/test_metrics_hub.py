@@ -73,3 +73,23 @@ def test_the_hub_keeps_the_latest_push_of_each_replica_and_names_the_interval():
 def test_outside_a_replica_nothing_is_pushed():
     hub.start_pushing()
     assert hub._tasks == []
+
+
+def test_a_scrape_the_hub_cannot_answer_gets_this_replicas_own_metrics(monkeypatch):
+    import asyncio
+    from types import SimpleNamespace
+
+    from llmframe_ray.telemetry import PROVIDER_ATTEMPTS
+
+    class Down:
+        class exposition:
+            @staticmethod
+            def remote(*args):
+                raise RuntimeError("Sessions replica restarting")
+
+    context = SimpleNamespace(replica_id=SimpleNamespace(unique_id="r1"))
+    monkeypatch.setattr(hub.serve, "get_replica_context", lambda: context)
+    PROVIDER_ATTEMPTS.labels("fallback-test", "ok").inc()
+    text = asyncio.run(hub.scrape(Down, "Ingress")).decode()
+    assert text.startswith("# the app-wide sum is unavailable (RuntimeError); these are one Ingress replica's metrics\n")
+    assert parse(text.encode())["llmframe_provider_attempts_total", (("outcome", "ok"), ("provider", "fallback-test"))] >= 1.0
