@@ -165,6 +165,8 @@ class Settings(PipelineSettings):
     # serving checks every index file's SHA-256 when it loads a version (sizes are always checked)
     index_verify_on_load: bool = Field(True, validation_alias=_env("INDEX_VERIFY_ON_LOAD"))
     index_watch_interval_s: float = Field(2.0, ge=0, validation_alias=_env("INDEX_WATCH_INTERVAL_S"))
+    # a serving process refuses to load an index whose estimate is over its memory (index/memory.py); 0: no check
+    memory_limit_mb: int | None = Field(None, ge=0, validation_alias=_env("MEMORY_LIMIT_MB"))
     # under Serve, each replica sends its metrics to the Sessions replica (the app's sum) this often (serve/metrics_hub.py)
     metrics_push_interval_s: float = Field(5.0, ge=0.05, le=3600, validation_alias=_env("METRICS_PUSH_INTERVAL_S"))
 
@@ -283,6 +285,7 @@ class Settings(PipelineSettings):
                 ),
                 hnsw_ef_search=self.hnsw_ef_search, ivf_nprobe=self.ivf_nprobe,
                 verify_on_load=self.index_verify_on_load, max_pending=self.max_pending_searches,
+                memory_limit_mb=self.memory_limit_mb,
                 graph=GraphParams(depth=self.graph_depth, max_seed_chunks=self.graph_max_seed_chunks, name_match=self.graph_name_match),
             ),
             rerank=rerank,

@@ -34,6 +34,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from llmframe_ray.errors import IndexLoadError, LLMFrameError
 from llmframe_ray.index import atomic
 from llmframe_ray.index.manifest import MANIFEST_NAME, utc_now
+from llmframe_ray.index.memory import check_fits, version_need
 from llmframe_ray.index.shard import IndexShard
 
 VERSIONS_DIR = "versions"
@@ -210,6 +211,23 @@ class IndexDirectory:
         if shard in set(info.get("empty_shards", [])):
             return None
         return IndexShard.load(self.versions_dir / version / shard_dir_name(shard), mmap=mmap, verify=verify)
+
+    def check_memory(self, version: str | None, limit_mb: int | None, shards: Sequence[int] | None = None) -> None:
+        """Refuse (IndexLoadError) to load `shards` of `version` (default: CURRENT, every shard)
+        where the estimate of what they hold in this process is over the memory it may still use
+        (index/memory.py; `limit_mb`: LLMFRAME_MEMORY_LIMIT_MB, 0: no check)."""
+        version = version or self.current_version()
+        if version is None or limit_mb == 0 or not _VERSION_ID.match(version):
+            return  # nothing to load, or the load itself reports what is wrong
+        info = self.version_info(version)
+        every = list(range(int(info["shards"])))
+        wanted = every if shards is None else sorted(shards)
+        empty = set(info.get("empty_shards", []))
+        path = self.versions_dir / version
+        dirs = [path / shard_dir_name(s) for s in wanted if s not in empty]
+        need = version_need(dirs, path / "graph" if wanted == every else None)
+        held = "" if wanted == every else f" (shards {', '.join(map(str, wanted))})"
+        check_fits(f"version {version} of {self.root}{held}", need, limit_mb)
 
     def describe(self, version: str) -> dict[str, Any]:
         """A version's record with every shard's manifest, as JSON-ready data (for /v1/index)."""

@@ -18,6 +18,9 @@ class RetrievalParams:
     hnsw_ef_search: int = 128
     ivf_nprobe: int = 16
     verify_on_load: bool = True  # serving checks every file's SHA-256 before it serves a version
+    # the memory a serving process may use, MiB (index/memory.py); None: what the machine and the
+    # container leave; 0: no check
+    memory_limit_mb: int | None = None
     # searches waiting or running in one Retriever (a replica) before it answers 503 (0: no limit)
     max_pending: int = 128
     graph: GraphParams = field(default_factory=GraphParams)  # the graph ranker (graph/rank.py)

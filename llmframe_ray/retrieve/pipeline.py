@@ -76,8 +76,10 @@ class Pipeline:
         reranker: CrossEncoder | None = None,
         rerank: RerankParams | None = None,
     ) -> Pipeline:
-        verify = (retrieval or RetrievalParams()).verify_on_load
-        loaded = IndexDirectory(index_dir).load(verify=verify)
+        params = retrieval or RetrievalParams()
+        directory = IndexDirectory(index_dir)
+        directory.check_memory(None, params.memory_limit_mb)  # every shard and the graph, below
+        loaded = directory.load(verify=params.verify_on_load)
         pipeline = cls(loaded.shards, embedder, retrieval, reranker, rerank)
         pipeline.load_graph(loaded.path, loaded.shard_ids)
         return pipeline

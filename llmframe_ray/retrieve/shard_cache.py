@@ -61,6 +61,7 @@ class ShardCache:
                 logger.error("version %s does not load here: %s", current, exc)
 
     def _load(self, version: str) -> Loaded:
+        self.index.check_memory(version, self.params.memory_limit_mb, self.shards)
         loaded: Loaded = {}
         for number in self.shards:
             shard = self.index.load_shard(version, number, verify=self.params.verify_on_load)
