@@ -76,7 +76,7 @@ def test_the_budget_is_the_smallest_of_machine_container_and_setting(tmp_path, v
     container = memory_budget(None, root)
     assert (container.bytes, container.source) == (2 * 2**30, "2,048 MiB under the container's memory limit of 3,072 MiB")
     setting = memory_budget(1000, root)
-    assert (setting.bytes, setting.source) == (900 * MIB, "LLMFRAME_MEMORY_LIMIT_MB=1000 less the 100 MiB this process holds")
+    assert (setting.bytes, setting.source) == (900 * MIB, "900 MiB of LLMFRAME_MEMORY_LIMIT_MB=1000 (this process holds 100 MiB)")
 
 
 def test_an_unlimited_container_leaves_the_machines_available_memory(tmp_path):
