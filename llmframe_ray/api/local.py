@@ -62,9 +62,7 @@ class LocalStages:
         sessions: SessionParams,
         reranker: CrossEncoder | None = None,
     ) -> LocalStages:
-        directory = IndexDirectory(index_dir)
-        directory.check_memory(None, retrieval.memory_limit_mb)  # every shard and the graph (index/memory.py)
-        loaded = directory.load()
+        loaded = IndexDirectory(index_dir).load(memory_limit_mb=retrieval.memory_limit_mb)
         pipeline = Pipeline(loaded.shards, load_embedder(embedder), retrieval)
         pipeline.load_graph(loaded.path, loaded.shard_ids)
         store = SessionStore(sessions.token_budget, sessions.max_sessions)

@@ -286,9 +286,12 @@ class IndexDirectory:
             handle.close()
 
     def load(
-        self, version: str | None = None, *, mmap: bool = True, verify: bool = False
+        self, version: str | None = None, *, mmap: bool = True, verify: bool = False, memory_limit_mb: int | None = 0
     ) -> LoadedIndex:
-        """Open the served version (or `version`), checking every shard (see IndexShard.load)."""
+        """Open the served version (or `version`), checking every shard (see IndexShard.load);
+        first, unless `memory_limit_mb` is 0 (the default here), that it fits this process's
+        memory with its graph (check_memory)."""
+        self.check_memory(version, memory_limit_mb)
         if not self.root.is_dir():
             raise IndexLoadError(f"index directory {self.root} does not exist; {BUILD_HINT}")
         named_by = f"version {version!r}"

@@ -77,9 +77,7 @@ class Pipeline:
         rerank: RerankParams | None = None,
     ) -> Pipeline:
         params = retrieval or RetrievalParams()
-        directory = IndexDirectory(index_dir)
-        directory.check_memory(None, params.memory_limit_mb)  # every shard and the graph, below
-        loaded = directory.load(verify=params.verify_on_load)
+        loaded = IndexDirectory(index_dir).load(verify=params.verify_on_load, memory_limit_mb=params.memory_limit_mb)
         pipeline = cls(loaded.shards, embedder, retrieval, reranker, rerank)
         pipeline.load_graph(loaded.path, loaded.shard_ids)
         return pipeline

@@ -204,7 +204,8 @@ class Ingress:
         params: ServiceParams,
         documents: tuple[str, DocumentLimits, DeploymentHandle] | None = None,  # index, limits, Writer
     ) -> None:
-        self.keys, self.sessions = keys, sessions  # Sessions also sums every replica's metrics  # digests only: the keys themselves never leave the app builder
+        self.keys = keys  # digests only: the keys themselves never leave the app builder
+        self.sessions = sessions  # also sums every replica's metrics for GET /metrics
         self.documents = None
         if documents is not None:
             index_dir, limits, writer = documents
