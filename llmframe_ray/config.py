@@ -27,7 +27,7 @@ from llmframe_ray.errors import ConfigError
 from llmframe_ray.generate.chain import ProviderParams
 from llmframe_ray.generate.costs import DEFAULT_PRICES
 from llmframe_ray.generate.sessions import SessionParams
-from llmframe_ray.index.dense import DenseIndexKind, DenseParams
+from llmframe_ray.index.dense import AUTO_FLAT_MAX_ROWS, DenseIndexKind, DenseParams
 from llmframe_ray.index.params import ChunkingParams, IndexParams
 from llmframe_ray.index.sparse import SparseParams
 from llmframe_ray.ingest.params import IngestParams
@@ -81,7 +81,8 @@ class Settings(PipelineSettings):
     chunk_overlap: int = Field(32, ge=0, validation_alias=_env("CHUNK_OVERLAP", "CHUNK_OVERLAP"))
 
     # Dense index
-    dense_index: DenseIndexKind = Field(DenseIndexKind.FLAT, validation_alias=_env("DENSE_INDEX"))
+    dense_index: DenseIndexKind = Field(DenseIndexKind.AUTO, validation_alias=_env("DENSE_INDEX"))
+    dense_flat_max_rows: int = Field(AUTO_FLAT_MAX_ROWS, ge=1, validation_alias=_env("DENSE_FLAT_MAX_ROWS"))  # auto: flat up to it
     hnsw_m: int = Field(32, ge=4, le=256, validation_alias=_env("HNSW_M"))
     hnsw_ef_construction: int = Field(200, ge=8, validation_alias=_env("HNSW_EF_CONSTRUCTION"))
     hnsw_ef_search: int = Field(128, ge=8, validation_alias=_env("HNSW_EF_SEARCH"))
@@ -274,6 +275,7 @@ class Settings(PipelineSettings):
                 dense=DenseParams(
                     kind=self.dense_index, hnsw_m=self.hnsw_m, hnsw_ef_construction=self.hnsw_ef_construction,
                     hnsw_ef_search=self.hnsw_ef_search, ivf_nlist=self.ivf_nlist, ivf_nprobe=self.ivf_nprobe,
+                    flat_max_rows=self.dense_flat_max_rows,
                 ),
                 sparse=self.sparse_params(),
             ),

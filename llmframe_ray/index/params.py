@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from llmframe_ray.errors import ModelError
-from llmframe_ray.index.dense import DenseParams
+from llmframe_ray.index.dense import DenseIndexKind, DenseParams
 from llmframe_ray.index.manifest import Manifest, thaw
 from llmframe_ray.index.sparse import SparseParams
 
@@ -46,10 +46,11 @@ class IndexParams:
         """Everything the content of an index built with these parameters depends on (beside
         the documents): the model's identity and every build-time parameter."""
         dense = self.dense.to_dict()
+        fields = DENSE_BUILD_FIELDS + (("flat_max_rows",) if self.dense.kind is DenseIndexKind.AUTO else ())
         return {
             "model": {k: model.get(k) for k in MODEL_IDENTITY},
             "chunking": self.chunking.to_dict(),
-            "dense": {k: dense[k] for k in DENSE_BUILD_FIELDS},
+            "dense": {k: dense[k] for k in fields},
             "sparse": self.sparse.to_dict(),
         }
 
@@ -64,9 +65,12 @@ class IndexParams:
         if parameters.get("chunking", {}) != new["chunking"]:
             return f"the index was chunked with {parameters.get('chunking', {})}, these settings give {new['chunking']}"
         old_dense = parameters.get("dense", {})
-        if old_dense and {k: old_dense.get(k) for k in DENSE_BUILD_FIELDS} != new["dense"]:
-            old_view = {k: old_dense.get(k) for k in DENSE_BUILD_FIELDS}
-            return f"the index's dense shards were built with {old_view}, these settings give {new['dense']}"
+        # a shard records the kind it was built as; `auto` may build any of them, shard by shard
+        compared = [k for k in DENSE_BUILD_FIELDS if k != "kind" or self.dense.kind is not DenseIndexKind.AUTO]
+        new_view = {k: new["dense"][k] for k in compared}
+        if old_dense and {k: old_dense.get(k) for k in compared} != new_view:
+            old_view = {k: old_dense.get(k) for k in compared}
+            return f"the index's dense shards were built with {old_view}, these settings give {new_view}"
         old_sparse = parameters.get("sparse", {})
         if old_sparse and old_sparse != new["sparse"]:
             return f"the index's BM25 settings are {old_sparse}, these settings give {new['sparse']}"

@@ -85,6 +85,29 @@ def test_build_fills_the_manifest():
     }
 
 
+def test_auto_extends_an_index_of_any_dense_kind_a_named_kind_only_its_own():
+    from llmframe_ray.index.params import ChunkingParams, IndexParams
+
+    manifest = build_shard("hnsw").manifest  # as `auto` records a shard it built as HNSW
+    chunking = ChunkingParams(**CHUNKING)
+    auto = IndexParams(chunking=chunking, dense=DenseParams(hnsw_m=8, ivf_nlist=2))
+    assert auto.mismatch(manifest, MODEL) is None
+    assert auto.mismatch(build_shard("flat").manifest, MODEL) is None
+    flat = IndexParams(chunking=chunking, dense=DenseParams(kind="flat", hnsw_m=8, ivf_nlist=2))
+    assert flat.mismatch(manifest, MODEL) == (
+        "the index's dense shards were built with {'kind': 'hnsw', 'hnsw_m': 8, 'hnsw_ef_construction': 200, "
+        "'ivf_nlist': 2}, these settings give {'kind': 'flat', 'hnsw_m': 8, 'hnsw_ef_construction': 200, 'ivf_nlist': 2}"
+    )
+    wider = IndexParams(chunking=chunking, dense=DenseParams(hnsw_m=16, ivf_nlist=2))
+    assert wider.mismatch(manifest, MODEL) == (
+        "the index's dense shards were built with {'hnsw_m': 8, 'hnsw_ef_construction': 200, 'ivf_nlist': 2}, "
+        "these settings give {'hnsw_m': 16, 'hnsw_ef_construction': 200, 'ivf_nlist': 2}"
+    )
+    # the threshold is part of what an `auto` index's content depends on (the eval cache key)
+    assert auto.identity(MODEL)["dense"]["flat_max_rows"] == 50_000
+    assert "flat_max_rows" not in flat.identity(MODEL)["dense"]
+
+
 def test_search_dense_and_sparse_return_rows_and_scores():
     shard = build_shard()
     vectors = make_vectors(6)

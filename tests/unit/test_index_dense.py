@@ -131,7 +131,7 @@ def test_search_rejects_bad_queries(vectors):
 
 
 def test_params_validation_and_settings():
-    bad_kind = "unknown dense index kind 'annoy'; valid dense index kinds: flat, hnsw, ivf"
+    bad_kind = "unknown dense index kind 'annoy'; valid dense index kinds: auto, flat, hnsw, ivf"
     with pytest.raises(ValueError, match=bad_kind):
         DenseParams(kind="annoy")
     with pytest.raises(ValueError, match="hnsw_m must be a positive integer, got 0"):
@@ -167,6 +167,28 @@ def test_save_load_round_trip(tmp_path, vectors, kind, mmap):
     loaded.save(tmp_path / "copy.faiss")
     again = DenseIndex.load(tmp_path / "copy.faiss", params, mmap=False)
     np.testing.assert_array_equal(again.search(queries, 7)[1], index.search(queries, 7)[1])
+
+
+def test_auto_builds_flat_up_to_its_threshold_and_hnsw_above(tmp_path, vectors):
+    params = DenseParams(hnsw_m=12, hnsw_ef_search=300, flat_max_rows=299)
+    assert params.kind is DenseIndexKind.AUTO and DenseParams().kind is DenseIndexKind.AUTO
+    assert params.resolve(299).kind is DenseIndexKind.FLAT
+    assert params.resolve(300) == DenseParams(kind="hnsw", hnsw_m=12, hnsw_ef_search=300, flat_max_rows=299)
+    assert DenseParams(kind="ivf").resolve(10**9).kind is DenseIndexKind.IVF  # a named kind stays
+    queries = normalised(np.random.default_rng(10), 5, 24)
+
+    small = DenseIndex.build(vectors[:299], params)
+    assert small.params.kind is DenseIndexKind.FLAT and small.flat_index() is not None
+    np.testing.assert_array_equal(small.search(queries, 10)[1], brute_force(vectors[:299], queries, 10)[1])
+
+    large = DenseIndex.build(vectors, params)
+    assert large.params.kind is DenseIndexKind.HNSW and large.flat_index() is None
+    large.save(tmp_path / "dense.faiss")
+    # `auto` loads whichever kind it built, with the search settings given
+    loaded = DenseIndex.load(tmp_path / "dense.faiss", DenseParams(hnsw_ef_search=64))
+    assert (loaded.params.kind, loaded.params.hnsw_m, loaded.params.hnsw_ef_search) == (DenseIndexKind.HNSW, 12, 64)
+    # 300 vectors with efSearch 300: the graph search visits every row, so it is exact here
+    np.testing.assert_array_equal(large.search(queries, 10)[1], brute_force(vectors, queries, 10)[1])
 
 
 def test_load_reads_or_applies_search_params(tmp_path, vectors):
