@@ -23,7 +23,7 @@ def test_defaults():
     assert (s.chunk_size, s.chunk_overlap, s.rrf_k, s.fusion_depth) == (256, 32, 20, 200)
     assert s.hybrid_search_enabled is True and s.reranker_enabled is False
     assert s.embedding_provider is EmbeddingProvider.LOCAL
-    assert s.dense_index is DenseIndexKind.AUTO and s.dense_flat_max_rows == 50_000
+    assert s.dense_index is DenseIndexKind.AUTO and s.dense_flat_max_rows == 20_000
 
 
 def test_seed_switches_without_prefix(monkeypatch):

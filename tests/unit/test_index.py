@@ -104,7 +104,7 @@ def test_auto_extends_an_index_of_any_dense_kind_a_named_kind_only_its_own():
         "these settings give {'hnsw_m': 16, 'hnsw_ef_construction': 200, 'ivf_nlist': 2}"
     )
     # the threshold is part of what an `auto` index's content depends on (the eval cache key)
-    assert auto.identity(MODEL)["dense"]["flat_max_rows"] == 50_000
+    assert auto.identity(MODEL)["dense"]["flat_max_rows"] == 20_000
     assert "flat_max_rows" not in flat.identity(MODEL)["dense"]
 
 
