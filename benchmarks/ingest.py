@@ -11,6 +11,10 @@ texts:
 and prints chunks/s of both and their ratio (the issue's goal: >= 0.9), the job's time per
 stage, the peak memory of the job (driver + Ray workers, sampled every 0.2 s), and index bytes
 per chunk. Each figure is the median of `--repeats` runs.
+
+`--plan-only` runs the job with `dry_run` instead (read, chunk, plan; nothing embedded) and prints
+the driver's peak RSS (this process: Ray is started here and the plan is made here), to show
+what the driver holds per chunk when it plans a large run.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None,
                         help="write a PNG of the job's embedding progress over time (first run), against the bare loop's pace")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="only read, chunk and plan (ingest --dry-run): the driver's peak memory")
     parser.add_argument("--graph", action="store_true",
                         help="ingest --graph: also the entity extraction stage and the graph build (their time counts in the job's)")
     args = parser.parse_args()
@@ -104,6 +110,8 @@ def main() -> None:
     corpus = work / "corpus.jsonl"
     write_corpus(corpus, args.docs, args.words)
     params = settings.params()
+    if args.plan_only:
+        return plan_memory(corpus, work, params, args)
     embedder = load_embedder(params.embedder)
     chunks = chunk_documents(read_jsonl(corpus), make_chunker(params.index, embedder))
     texts = [c.indexed_text for c in chunks]
@@ -152,7 +160,25 @@ def main() -> None:
     print(f"| job peak RSS (driver + Ray processes), MiB | {med(peaks) / 2**20:.0f} |")
     print(f"| index bytes per chunk ({args.shards} shards) | {med(bytes_per_chunk):.0f} |")
     print(f"| cores | {os.cpu_count()} |")
+    print(f"ratio job/bare = {med(job) / med(bare):.3f}")
     shutil.rmtree(work, ignore_errors=True) if args.workdir is None else None
+
+
+def plan_memory(corpus: Path, work: Path, params, args: argparse.Namespace) -> None:
+    """The driver's peak RSS when it reads, chunks and plans `corpus` (a dry run)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with PeakMemory() as memory:
+        started = time.perf_counter()
+        result = ingest([corpus], work / "index-plan", params, shards=args.shards, log=lambda line: None, dry_run=True)
+        seconds = time.perf_counter() - started
+    driver = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("| documents | chunks | read+chunk+plan s | driver peak RSS MiB (before the job) | job peak RSS MiB (driver + Ray) |")
+    print("|---|---|---|---|---|")
+    print(f"| {args.docs:,} | {result.chunks_read:,} | {seconds:.0f} | {driver:,.0f} ({before:,.0f}) | {memory.peak / 2**20:,.0f} |")
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def plot_timeline(timeline: list[tuple[float, str, int]], bare_rate: float, total_s: float, embed_start_s: float,

@@ -226,8 +226,12 @@ def phase_served(args: argparse.Namespace, queries: list[str]) -> dict:
         try:
             server.wait(120)
         except subprocess.TimeoutExpired:
+            pass
+        try:  # whatever of its session is left (the server is its process group's leader)
             os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        except ProcessLookupError:
+            pass
+        server.wait()
         log.close()
     return out
 

@@ -91,7 +91,7 @@ def index_info(
     for shard_id, shard in zip(loaded.shard_ids, loaded.shards):
         counts = shard.manifest.counts
         size = sum(f["bytes"] for f in shard.manifest.files.values())
-        typer.echo(f"  shard {shard_id}: {counts['documents']} documents, {counts['chunks']} chunks, {size / 2**20:.1f} MiB")
+        typer.echo(f"  shard {shard_id}: {counts['documents']} documents, {counts['chunks']} chunks, {size / 2**20:.1f} MiB, dense {shard.dense.params.kind.value}")
     for shard_id in loaded.info.get("empty_shards", []):
         typer.echo(f"  shard {shard_id}: empty")
     manifest = loaded.shards[0].manifest
@@ -130,6 +130,7 @@ def ingest(
     adapt_layers: Optional[int] = typer.Option(None, "--adapt-layers", min=1, max=6, help="With --adapt-reranker: layers of MiniLM to keep (default all 6)."),
     graph: Optional[bool] = typer.Option(None, "--graph/--no-graph", help="Build the new version's knowledge graph (entities, relations, communities) for the graph and hybrid-graph strategies. Default: if the previous version has one."),
     graph_extractor: str = typer.Option("offline", "--graph-extractor", help="offline (no key), or llm (the provider chain; answers cached by chunk, cost in the report)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Read, chunk and print the plan (added, replaced, unchanged, deleted); embed and write nothing."),
 ) -> None:
     """Ingest with the Ray Data job: upsert documents, delete ids, publish a new version.
 
@@ -156,7 +157,7 @@ def ingest(
     try:
         result = run_ingest(sources or [], index, params, shards=shards, deletes=[internal_id(namespace, d) for d in delete or []],
                             log=lambda line: typer.echo(line, err=True), namespace=namespace, graph=graph,
-                            graph_extractor=graph_extractor, progress=stderr_progress())
+                            graph_extractor=graph_extractor, progress=stderr_progress(), dry_run=dry_run)
     except ValueError as exc:  # an unknown --graph-extractor, or llm with no key
         _fail(str(exc))
     except (PlanError, DocumentReadError, IndexBusyError, ConfigError):
@@ -168,6 +169,8 @@ def ingest(
         typer.echo(line, err=True)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
     typer.echo(f"{'published ' + result.version if result.version else 'no new version'} in {index} ({stages})")
+    if dry_run:
+        raise typer.Exit(result.exit_code)
     if graph and result.version is None and result.exit_code in (0, 3):  # unchanged: the served version gets one
         from llmframe_ray.graph.build import ensure_graph
 

@@ -75,13 +75,15 @@ def ingest(
     graph: bool | None = None,
     graph_extractor: str = "offline",
     progress: Callable[[str, int, int], None] | None = None,
+    dry_run: bool = False,
 ) -> IngestResult:
     """Run one ingestion into `index_dir` (see the module docstring). `sources` (files, folders,
     globs) go to `namespace`; `files` are already resolved, each with its own namespace;
     `deletes` are stored ids (index/metadata.py: internal_id). `graph`: build the new version's
     knowledge graph (graph/store.py; batch/graphs.py); None: if the previous version has one.
     `graph_extractor`: offline, or llm (the provider chain of `params`). `progress(stage, done,
-    total)`: the embedding and extraction stages' counts as their batches finish."""
+    total)`: the embedding and extraction stages' counts as their batches finish. `dry_run`:
+    read, chunk and plan, log the plan, and stop there: nothing is embedded or written."""
     check_extractor(graph_extractor)
     files = [
         *(SourceFile(str(path), doc_id, namespace=namespace) for path, doc_id in (resolve_sources(sources) if sources else [])),
@@ -94,7 +96,7 @@ def ingest(
     model, chunking = embedder.info(), params.index.chunking.to_dict()
     directory = IndexDirectory(index_dir)
     with directory.writer_lock():
-        removed = directory.remove_incomplete()
+        removed = [] if dry_run else directory.remove_incomplete()
         if removed:
             log(f"removed {len(removed)} leftover(s) of an interrupted run")
         previous = directory.load() if directory.current_version() is not None else None
@@ -112,7 +114,9 @@ def ingest(
             llm_extractor(directory.root, params)  # no LLM in the chain: a ValueError now, before any work
         with ray_session(params.ingest.local_cpus):
             result = _run(files, directory, previous, n_shards, list(deletes), params, model, staging, log,
-                          graph_extractor if graph else None, progress)
+                          graph_extractor if graph else None, progress, dry_run)
+        if dry_run:
+            return result
         if result.version is not None or not (result.plan and result.plan.changes_anything):
             staging.clear()
         atomic.write_json(directory.root / REPORT_FILE, result.report())
@@ -136,13 +140,13 @@ def _shard_count(previous, shards: int | None) -> int:
 
 
 def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: list[str], params: Params,
-         model: dict, staging: Staging, log: Log, graph: str | None = None, progress: Any = None) -> IngestResult:
+         model: dict, staging: Staging, log: Log, graph: str | None = None, progress: Any = None,
+         dry_run: bool = False) -> IngestResult:
     result = IngestResult(directory.root, None, None)
     clock = time.perf_counter()
 
     rows = _read_and_chunk(files, n_shards, params.embedder, params.index, params.ingest) if files else None
-    meta = _collect_meta(rows) if rows is not None else []
-    incoming, fresh_chunks, skipped = _dedupe(meta)
+    incoming, fresh_chunks, skipped, n_rows = _dedupe(_meta_batches(rows) if rows is not None else [])
     result.skipped = skipped
     result.chunks_read = sum(len(v) for v in fresh_chunks.values())
     result.seconds["read+chunk"] = time.perf_counter() - clock
@@ -160,15 +164,16 @@ def _run(files, directory: IndexDirectory, previous, n_shards: int, deletes: lis
         f"{len(plan.deleted)} deleted; shards to rebuild: {plan.changed_shards or 'none'}")
     for doc in plan.not_found:
         log(f"--delete {doc}: not in the index")
-    if not plan.changes_anything:
-        log("nothing changed; CURRENT stays " + str(previous.version if previous else None))
+    if not plan.changes_anything or dry_run:
+        log(("dry run: nothing embedded or written" if dry_run else "nothing changed") + "; CURRENT stays "
+            + str(previous.version if previous else None))
         return result
 
     clock = time.perf_counter()
     wanted_fps = {fp for doc in plan.fresh for fp in fresh_chunks[doc]}
     needed = frozenset(wanted_fps - staging.fingerprints())
     if needed:
-        result.chunks_embedded = _embed(rows, len(meta), needed, params, directory, staging, progress)
+        result.chunks_embedded = _embed(rows, n_rows, needed, params, directory, staging, progress)
     result.seconds["embed"] = time.perf_counter() - clock
     log(f"embedded {result.chunks_embedded} chunks ({len(wanted_fps) - len(needed)} already staged)")
     if graph is not None:
@@ -281,45 +286,54 @@ def _read_and_chunk(files, n_shards: int, embedder: EmbedderParams, index: Index
     return ds.materialize()
 
 
-def _collect_meta(rows) -> list[dict[str, Any]]:
-    columns = ["file_no", "line", "path", "doc_id", "error", "shard", "doc_fp", "chunk_fp", "position"]
-    out = []
-    for batch in rows.select_columns(columns).iter_batches(batch_format="numpy", batch_size=4096):
-        for values in zip(*(batch[c] for c in columns)):
-            out.append(dict(zip(columns, values)))
-    return out
+META_COLUMNS = ("file_no", "line", "path", "doc_id", "error", "doc_fp", "chunk_fp", "position")
 
 
-def _dedupe(meta: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, list[str]], list[Skipped]]:
-    """incoming doc fingerprints, each document's chunk fingerprints in order, skipped inputs.
+def _meta_batches(rows):
+    """The chunk rows' metadata (no texts), a column batch at a time."""
+    return rows.select_columns(list(META_COLUMNS)).iter_batches(batch_format="numpy", batch_size=4096)
 
-    A document id seen twice keeps its first occurrence (file order, then line)."""
-    skipped: dict[tuple[int, int, str], Skipped] = {}
-    first: dict[str, tuple[int, int, str]] = {}
-    chunks: dict[tuple[int, int], list[tuple[int, str]]] = {}
-    fps: dict[tuple[int, int], str] = {}
-    for row in meta:
-        where = (int(row["file_no"]), int(row["line"]), str(row["path"]))
-        if row["error"]:
-            skipped[where] = Skipped(where[2], where[1], str(row["error"]))
-            continue
-        doc = str(row["doc_id"])
-        seen = first.setdefault(doc, where)
-        if seen[:2] > where[:2]:  # rows arrive in any order: the earliest occurrence wins
-            first[doc] = where
-        chunks.setdefault(where[:2], []).append((int(row["position"]), str(row["chunk_fp"])))
-        fps[where[:2]] = str(row["doc_fp"])
+
+def _dedupe(batches) -> tuple[dict[str, str], dict[str, list[str]], list[Skipped], int]:
+    """incoming doc fingerprints, each document's chunk fingerprints in order, skipped inputs,
+    and the number of rows read.
+
+    Streams the rows' metadata batch by batch and keeps per document its id, fingerprint and
+    chunks' (position, fingerprint) pairs, never a record per row, so the driver's memory
+    follows the documents and chunk fingerprints read (README, "Scale"). A document id seen
+    twice keeps its first occurrence (file order, then line)."""
+    paths: dict[int, str] = {}
+    errors: dict[tuple[int, int], str] = {}
+    docs: dict[tuple[int, int], tuple[str, str, list[tuple[int, str]]]] = {}  # (file_no, line) ->
+    first: dict[str, tuple[int, int]] = {}
+    n_rows = 0
+    for batch in batches:
+        for file_no, line, path, doc, error, doc_fp, chunk_fp, position in zip(*(batch[c].tolist() for c in META_COLUMNS)):
+            n_rows += 1
+            where = (int(file_no), int(line))
+            paths.setdefault(where[0], str(path))
+            if error:
+                errors[where] = str(error)
+                continue
+            entry = docs.get(where)
+            if entry is None:
+                entry = docs[where] = (str(doc), str(doc_fp), [])
+                seen = first.get(entry[0])
+                if seen is None or seen > where:  # rows arrive in any order: the earliest occurrence wins
+                    first[entry[0]] = where
+            entry[2].append((int(position), str(chunk_fp)))
+    skipped = {w: Skipped(paths[w[0]], w[1], e) for w, e in errors.items()}
     incoming, fresh = {}, {}
     for doc, where in first.items():
-        incoming[doc] = fps[where[:2]]
-        fresh[doc] = [fp for _, fp in sorted(chunks[where[:2]])]
-    for row in meta:
-        where = (int(row["file_no"]), int(row["line"]), str(row["path"]))
-        if not row["error"] and first[str(row["doc_id"])][:2] != where[:2]:
-            orig = first[str(row["doc_id"])]
-            at = f"{orig[2]} line {orig[1]}" if orig[1] else orig[2]
-            skipped[where] = Skipped(where[2], where[1], f"duplicate doc_id {row['doc_id']!r}, first in {at}")
-    return incoming, fresh, sorted(skipped.values(), key=lambda s: (s.path, s.line))
+        _, incoming[doc], parts = docs[where]
+        fresh[doc] = [fp for _, fp in sorted(parts)]
+    for where, (doc, _, _) in docs.items():
+        orig = first[doc]
+        if orig != where:
+            at = f"{paths[orig[0]]} line {orig[1]}" if orig[1] else paths[orig[0]]
+            path = paths[where[0]]
+            skipped[where] = Skipped(path, where[1], f"duplicate doc_id {doc!r}, first in {at}")
+    return incoming, fresh, sorted(skipped.values(), key=lambda s: (s.path, s.line)), n_rows
 
 
 def _embed(rows, n_rows: int, needed: frozenset[str], params: Params, directory: IndexDirectory,
@@ -335,12 +349,14 @@ def _embed(rows, n_rows: int, needed: frozenset[str], params: Params, directory:
     per_actor = min(knobs.cpus_per_actor, cpus)
     actors = knobs.embed_actors or max(1, cpus // per_actor)
     key = staging.root.name
+    # Sorted by text length over the whole run, longest first: each batch then holds texts of
+    # nearly one length and pads little, as a single process sorting everything would.
     # One block per embedding batch: work spreads over the actors, and blocks keep moving (a
     # corpus read from one JSONL file is otherwise one block, and Ray Data stops a dataset that
     # shows no progress for 30 minutes).
     # Materialised first: an actor pool that already holds every CPU would starve the split.
     blocks = max(actors, math.ceil(n_rows / knobs.batch_size))
-    rows = rows.repartition(blocks).materialize()
+    rows = rows.sort("length", descending=True).repartition(blocks).materialize()
     out = rows.map_batches(
         EmbedChunks,
         fn_constructor_args=(replace(params.embedder, threads=per_actor), str(directory.root), key, needed),

@@ -56,7 +56,44 @@ def serve_until_stopped(
         )
         while not stop:
             signal.pause()
+        proxies = haproxy_descendants()
         serve.shutdown()
+    stop_leftovers(proxies)
+
+
+def haproxy_descendants() -> list:
+    """The HAProxy processes below this one (the Ray started here runs Serve's proxy, which
+    starts them); none when Serve runs on another Ray (RAY_ADDRESS)."""
+    import psutil
+
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if os.path.basename(proc.exe()).startswith("haproxy"):
+                found.append(proc)
+        except psutil.Error:  # gone already, or not ours to read
+            continue
+    return found
+
+
+def stop_leftovers(processes: list, timeout_s: float = 5.0) -> None:
+    """Stop what Ray's shutdown left running: a HAProxy whose proxy actor was killed before it
+    could stop it (seen when Serve's controller took over 30 s to shut down) would keep its port."""
+    import psutil
+
+    alive = [p for p in processes if p.is_running()]
+    for proc in alive:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            continue
+    _, still = psutil.wait_procs(alive, timeout=timeout_s)
+    for proc in still:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(still, timeout=timeout_s)
 
 
 def serve_speed_settings(deadline_s: float | None = None) -> dict[str, str]:

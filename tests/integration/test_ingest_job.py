@@ -128,6 +128,12 @@ def test_upsert_and_delete_rebuild_only_the_affected_shard(cluster, settings, tm
 
     edited = "note-004.md"
     (tmp_path / "src" / edited).write_text(docs[edited].replace("# Note 4", "# Note 4 (revised)") + "Kalane kalane.\n")
+    lines: list[str] = []
+    dry = ingest([tmp_path / "src"], tmp_path / "idx", settings.params(), log=lines.append, dry_run=True)
+    assert dry.plan.replaced == (edited,) and dry.version is None and dry.chunks_embedded == 0
+    assert lines[-1] == f"dry run: nothing embedded or written; CURRENT stays {v1.version}"
+    assert directory.versions() == [v1.version] and directory.current_version() == v1.version
+    assert not any((tmp_path / "idx" / STAGING_DIR).rglob("*.npz"))  # nothing staged either
     second = ingest([tmp_path / "src"], tmp_path / "idx", settings.params(), log=lambda _: None)
     assert second.plan.replaced == (edited,) and second.plan.added == ()
     assert len(second.plan.unchanged) == 29

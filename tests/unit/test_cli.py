@@ -57,6 +57,16 @@ def test_search_prints_hits(env, built):
     assert lines[1].startswith("  1. rrf.md  score=") and lines[1].endswith("[bm25 #1]")
 
 
+def test_index_info_names_each_shards_dense_kind(env, built):
+    index, _ = built
+    result = cli(env, "index", "info", index)
+    assert result.returncode == 0, result.stderr
+    shard_lines = [line for line in result.stdout.splitlines() if line.startswith("  shard ")]
+    assert len(shard_lines) == 1
+    assert shard_lines[0].startswith("  shard 0: 3 documents, 3 chunks, ")
+    assert shard_lines[0].endswith(" MiB, dense flat")  # auto: 3 rows are far under the threshold
+
+
 def test_search_unknown_mode(env, built):
     index, _ = built
     result = cli(env, "search", "x", "--index", index, "--mode", "semantic")
