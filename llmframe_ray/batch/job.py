@@ -349,14 +349,12 @@ def _embed(rows, n_rows: int, needed: frozenset[str], params: Params, directory:
     per_actor = min(knobs.cpus_per_actor, cpus)
     actors = knobs.embed_actors or max(1, cpus // per_actor)
     key = staging.root.name
-    # Sorted by text length over the whole run, longest first: each batch then holds texts of
-    # nearly one length and pads little, as a single process sorting everything would.
     # One block per embedding batch: work spreads over the actors, and blocks keep moving (a
     # corpus read from one JSONL file is otherwise one block, and Ray Data stops a dataset that
     # shows no progress for 30 minutes).
     # Materialised first: an actor pool that already holds every CPU would starve the split.
     blocks = max(actors, math.ceil(n_rows / knobs.batch_size))
-    rows = rows.sort("length", descending=True).repartition(blocks).materialize()
+    rows = rows.repartition(blocks).materialize()
     out = rows.map_batches(
         EmbedChunks,
         fn_constructor_args=(replace(params.embedder, threads=per_actor), str(directory.root), key, needed),

@@ -29,8 +29,8 @@ from llmframe_ray.types import Chunk, Document
 
 DOC_COLUMNS = ("file_no", "line", "path", "doc_id", "title", "text", "metadata", "error")
 CHUNK_COLUMNS = (
-    "file_no", "line", "path", "doc_id", "error", "shard", "doc_fp", "chunk_fp", "position", "chunk", "length",
-)  # length: characters of the text the embedder reads (the embedding stage sorts by it)
+    "file_no", "line", "path", "doc_id", "error", "shard", "doc_fp", "chunk_fp", "position", "chunk",
+)
 
 
 def read_file(row: Mapping[str, Any], max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> list[dict[str, Any]]:
@@ -92,14 +92,14 @@ class ChunkDocuments:
             if row["error"] or not chunks:
                 error = str(row["error"]) or "no text to index"
                 _append(out, {**base, "error": error, "shard": -1, "doc_fp": "", "chunk_fp": "",
-                              "position": -1, "chunk": "", "length": 0})
+                              "position": -1, "chunk": ""})
                 continue
             fps = [chunk_fingerprint(c) for c in chunks]
             doc_fp = doc_fingerprint(fps)
             shard = shard_of(base["doc_id"], self.n_shards)
             for chunk, fp in zip(chunks, fps):
                 _append(out, {**base, "error": "", "shard": shard, "doc_fp": doc_fp, "chunk_fp": fp,
-                              "position": chunk.position, "chunk": chunk.to_json(), "length": len(chunk.indexed_text)})
+                              "position": chunk.position, "chunk": chunk.to_json()})
         return out
 
 
