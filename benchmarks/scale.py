@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/scale.py --chunks N [--shards S] [--queries 300] [--kind auto]
         [--workdir DIR] [--skip-served] [--results FILE.jsonl]
     .venv/bin/python benchmarks/scale.py --plot FILE.png --results FILE.jsonl
+    .venv/bin/python benchmarks/scale.py --table --results FILE.jsonl
+    .venv/bin/python benchmarks/scale.py --interleave INDEX_10K INDEX_1M [--queries 300]
 
 Makes a synthetic corpus of N chunks (benchmarks/scale_corpus.py: real text from the evaluation
 collections, each vector mixed from real MiniLM vectors; no chunk is embedded here), indexes it
@@ -20,7 +22,8 @@ into S shards, then measures three phases, each in its own process so each peak 
    (requests/s), and the peak summed RSS of its replica processes.
 
 Prints the machine, a header and the row for N (markdown); `--results` appends the row as
-JSON, and `--plot` draws every cost of a results file against corpus size, log-log.
+JSON, `--plot` draws every cost of a results file against corpus size, log-log, and `--table`
+prints its rows as two tables.
 """
 
 from __future__ import annotations
@@ -146,6 +149,34 @@ def phase_inprocess(args: argparse.Namespace) -> dict:
     out["recall100"] = dense_recall(pipeline.shards, query_vectors)
     out["inproc_rss_mib"] = peak_rss_mib()
     return out
+
+
+def interleaved(args: argparse.Namespace) -> None:
+    """Hybrid one query at a time on several indexes in one process, in alternating blocks of
+    25 queries (order rotating), so every p50 comes from the same minutes: a ratio between
+    corpus sizes that the machine's drift between separate runs cannot move."""
+    from llmframe_ray.retrieve.pipeline import Pipeline
+    from llmframe_ray.types import SearchMode
+
+    settings, embedder, _, queries, _ = load_inputs(args)
+    pipelines = [Pipeline.open(Path(index), embedder, settings.params().retrieval) for index in args.interleave]
+    times: list[list[float]] = [[] for _ in pipelines]
+    for pipeline in pipelines:
+        for query in queries[:20]:
+            pipeline.search(query, SearchMode.HYBRID, 10)
+    for block, start in enumerate(range(0, len(queries), 25)):
+        for turn in range(len(pipelines)):
+            i = (block + turn) % len(pipelines)
+            for query in queries[start:start + 25]:
+                t0 = time.perf_counter()
+                pipelines[i].search(query, SearchMode.HYBRID, 10)
+                times[i].append(time.perf_counter() - t0)
+    first = latencies(times[0])["p50"]
+    print("| index | chunks | hybrid p50 ms | p99 ms | p50 / first's |")
+    print("|---|---|---|---|---|")
+    for index, pipeline, measured in zip(args.interleave, pipelines, times):
+        cell = latencies(measured)
+        print(f"| {Path(index).name} | {pipeline.total_chunks:,} | {cell['p50']:.2f} | {cell['p99']:.2f} | {cell['p50'] / first:.2f} |")
 
 
 def free_port() -> int:
@@ -306,10 +337,21 @@ def plot(results: Path, path: Path) -> None:
     print(f"plot: {path}")
 
 
-def print_row(row: dict) -> None:
-    print("| " + " | ".join(name for name, _ in COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
-    print("| " + " | ".join(cell(row) for _, cell in COLUMNS) + " |")
+def print_rows(rows: list[dict], columns: list = COLUMNS) -> None:
+    print("| " + " | ".join(name for name, _ in columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(cell(row) for _, cell in columns) + " |")
+
+
+def print_tables(results: Path) -> None:
+    """Every row of a results file, smallest corpus first, as two narrower tables (sizes and
+    memory; latency and recall), each led by the chunk and shard counts."""
+    rows = sorted((json.loads(line) for line in results.read_text().splitlines() if line.strip()),
+                  key=lambda r: (r["chunks"], r["shards"]))
+    print_rows(rows, COLUMNS[:8] + COLUMNS[12:14])
+    print()
+    print_rows(rows, COLUMNS[:3] + COLUMNS[11:12] + COLUMNS[8:11] + COLUMNS[14:])
 
 
 def main() -> None:
@@ -323,11 +365,16 @@ def main() -> None:
     parser.add_argument("--skip-served", action="store_true")
     parser.add_argument("--results", type=Path, default=None, help="append the row as JSON to this file")
     parser.add_argument("--plot", type=Path, default=None, help="draw the rows of --results, log-log, into this PNG")
+    parser.add_argument("--table", action="store_true", help="print every row of --results as two tables")
+    parser.add_argument("--interleave", nargs="+", default=None, metavar="INDEX",
+                        help="only: hybrid p50 of these indexes measured in alternating blocks, with ratios to the first")
     parser.add_argument("--phase", choices=["build", "inprocess"], help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.plot is not None:
-        return plot(args.results, args.plot)
+    if args.interleave:
+        return interleaved(args)
+    if args.plot is not None or args.table:
+        return plot(args.results, args.plot) if args.plot is not None else print_tables(args.results)
     if not args.chunks or args.chunks < args.shards:
         parser.error("--chunks N is required, at least --shards")
     temporary = args.workdir is None
@@ -352,7 +399,7 @@ def main() -> None:
     finally:
         if temporary:
             shutil.rmtree(args.workdir, ignore_errors=True)
-    print_row(row)
+    print_rows([row])
     if args.results is not None:
         with args.results.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")

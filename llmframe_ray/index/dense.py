@@ -32,10 +32,10 @@ from llmframe_ray.types import Choice
 EXACT_FILTER_ROWS = 65536  # an IVF index scores up to this many filtered rows exactly
 PREFILTER_SHARE = 0.1  # a flat index's filter keeping more of its rows goes through the int8 prefilter
 # `auto` builds a shard of more vectors than this as HNSW. Measured on 2 cores with MiniLM-like
-# vectors (README, "Scale"), one query, top 100: an exact search costs 0.36 ms at 10^4 rows,
-# 2.1 ms at 5 * 10^4 and 4.4 ms at 10^5; HNSW (M 32, efConstruction 200, efSearch 128) 0.33 ms
-# at 10^4 and 0.7-0.8 ms from 5 * 10^4 to 2.5 * 10^5 rows, at recall@100 0.98 of exact. A
-# query searches every shard a process holds, so the exact cost adds up over its shards.
+# vectors (benchmarks/ann.py, README "Scale"), one query, top 100: an exact search costs 0.44 ms
+# at 10^4 rows, 3.2 ms at 5 * 10^4 and 11.6 ms at 2.5 * 10^5; HNSW (M 32, efConstruction 200,
+# efSearch 128) 0.46, 0.80 and 0.85 ms at recall@100 0.98-0.99 of exact. A query searches every
+# shard a process holds, so the exact cost adds up over its shards.
 AUTO_FLAT_MAX_ROWS = 20_000
 
 
