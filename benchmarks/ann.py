@@ -79,23 +79,24 @@ def main() -> None:
         print(f"| {n:,} | flat | exact | {built:.1f} | {p50:.2f} | {p99:.2f} | 1.0000 |", flush=True)
         for pair in args.hnsw.split(","):
             m, ef_construction = (int(x) for x in pair.split(":"))
-            started = time.perf_counter()
-            index = DenseIndex.build(vectors, DenseParams(kind="hnsw", hnsw_m=m, hnsw_ef_construction=ef_construction))
-            built = time.perf_counter() - started
-            for ef in args.ef:
-                index.set_search_params(hnsw_ef_search=ef)
-                p50, p99, found = timed(index, queries, args.k)
-                print(f"| {n:,} | hnsw | M {m}, efC {ef_construction}, ef {ef} | {built:.1f} | {p50:.2f} | {p99:.2f} | "
-                      f"{recall(found, exact):.4f} |", flush=True)
-            del index
-        started = time.perf_counter()
-        ivf = DenseIndex.build(vectors, DenseParams(kind="ivf"))
-        built = time.perf_counter() - started
-        for nprobe in args.nprobe:
-            ivf.set_search_params(ivf_nprobe=nprobe)
-            p50, p99, found = timed(ivf, queries, args.k)
-            print(f"| {n:,} | ivf | {ivf.params.ivf_nlist} lists, nprobe {nprobe} | {built:.1f} | {p50:.2f} | {p99:.2f} | "
-                  f"{recall(found, exact):.4f} |", flush=True)
+            params = DenseParams(kind="hnsw", hnsw_m=m, hnsw_ef_construction=ef_construction)
+            sweep(vectors, params, [{"hnsw_ef_search": ef} for ef in args.ef], queries, exact, args.k,
+                  lambda index, ef: f"M {m}, efC {ef_construction}, ef {ef['hnsw_ef_search']}")
+        sweep(vectors, DenseParams(kind="ivf"), [{"ivf_nprobe": p} for p in args.nprobe], queries, exact, args.k,
+              lambda index, probe: f"{index.params.ivf_nlist} lists, nprobe {probe['ivf_nprobe']}")
+
+
+def sweep(vectors: np.ndarray, params: DenseParams, settings: list[dict], queries: np.ndarray, exact: np.ndarray,
+          k: int, label) -> None:
+    """Build one index, then a table row per search setting."""
+    started = time.perf_counter()
+    index = DenseIndex.build(vectors, params)
+    built = time.perf_counter() - started
+    for setting in settings:
+        index.set_search_params(**setting)
+        p50, p99, found = timed(index, queries, k)
+        print(f"| {len(vectors):,} | {params.kind.value} | {label(index, setting)} | {built:.1f} | {p50:.2f} | {p99:.2f} | "
+              f"{recall(found, exact):.4f} |", flush=True)
 
 
 if __name__ == "__main__":
