@@ -300,7 +300,7 @@ def _dedupe(batches) -> tuple[dict[str, str], dict[str, list[str]], list[Skipped
 
     Streams the rows' metadata batch by batch and keeps per document its id, fingerprint and
     chunks' (position, fingerprint) pairs, never a record per row, so the driver's memory
-    follows the documents and chunk fingerprints read (README, "Scale"). A document id seen
+    follows the documents and chunk fingerprints read (README, "Ingestion job"). A document id seen
     twice keeps its first occurrence (file order, then line)."""
     paths: dict[int, str] = {}
     errors: dict[tuple[int, int], str] = {}

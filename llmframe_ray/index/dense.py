@@ -3,7 +3,7 @@
 Vectors are expected to be L2-normalised float32, so the inner product is the cosine similarity
 (this module does not check the norms). Three kinds: `flat` (exact), `hnsw` and `ivf` (IVF-Flat,
 trained on the vectors it indexes), and `auto`, the default, which builds a shard of up to
-`flat_max_rows` vectors as flat and a larger one as HNSW (chosen by benchmarks/scale.py: see
+`flat_max_rows` vectors as flat and a larger one as HNSW (chosen with benchmarks/ann.py: see
 AUTO_FLAT_MAX_ROWS).
 
 Result order is deterministic: score descending, then row ascending. For `flat` this also holds
