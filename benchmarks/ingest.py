@@ -1,10 +1,11 @@
 """Ingestion job throughput vs a bare embedding loop, on a generated corpus.
 
-    .venv/bin/python benchmarks/ingest.py [--docs 50000] [--words 24] [--shards 4] [--repeats 1]
+    .venv/bin/python benchmarks/ingest.py [--docs 50000] [--words 24] [--shards 4] [--repeats 1] [--text real]
 
 Writes a JSONL corpus of `--docs` documents of `--words` words each (drawn, seeded, from the
-SciFact corpus' vocabulary when ../shared/eval/scifact is present, else from this file's text),
-one chunk per document at the default chunk size. Then, in the same run and on the same chunk
+SciFact corpus' vocabulary when ../shared/eval/scifact is present, else from this file's text;
+with `--text real`, consecutive words of the evaluation collections' texts), one chunk per
+document at the default chunk size. Then, in the same run and on the same chunk
 texts:
   - bare: one process, the ONNX embedder with every core's threads, embedding all chunk texts
   - job:  `llmframe-ray ingest` (local Ray sized to the machine) into a fresh index directory
@@ -51,13 +52,33 @@ def vocabulary() -> list[str]:
     return words
 
 
-def write_corpus(path: Path, docs: int, words: int, seed: int = 11) -> None:
-    vocab = vocabulary()
+def write_corpus(path: Path, docs: int, words: int, seed: int = 11, real: bool = False) -> None:
+    """`real`: each document is `words` consecutive words of the evaluation collections' texts
+    (real sentences); otherwise words drawn at random from SciFact's vocabulary."""
+    source = real_words() if real else None
+    vocab = None if real else vocabulary()
     rng = random.Random(seed)
     with path.open("w", encoding="utf-8") as f:
         for i in range(docs):
-            text = " ".join(rng.choice(vocab) for _ in range(words)).capitalize() + "."
+            if source is not None:  # a second pass over the texts starts a third of a document later
+                start = (i * words + (i * words // len(source)) * (words // 3 + 1)) % len(source)
+                text = " ".join(source[(start + k) % len(source)] for k in range(words))
+            else:
+                text = " ".join(rng.choice(vocab) for _ in range(words)).capitalize() + "."
             f.write(json.dumps({"_id": f"gen-{i:07d}", "title": "", "text": text}) + "\n")
+
+
+def real_words() -> list[str]:
+    """Every word of the five evaluation collections' document texts, in file order."""
+    words: list[str] = []
+    for name in ("scifact", "hotpotqa", "cranfield", "cisi", "medline"):
+        corpus = ROOT.parent / "shared" / "eval" / name / "corpus.jsonl"
+        if not corpus.is_file():
+            sys.exit(f"--text real needs {corpus} (the evaluation collections beside the repository)")
+        with corpus.open(encoding="utf-8") as f:
+            for line in f:
+                words.extend(json.loads(line)["text"].split())
+    return words
 
 
 class PeakMemory:
@@ -93,6 +114,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=50_000)
     parser.add_argument("--words", type=int, default=24)
+    parser.add_argument("--text", choices=("words", "real"), default="words",
+                        help="words: drawn at random from a vocabulary; real: spans of the evaluation collections' texts")
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--workdir", type=Path, default=None)
@@ -108,14 +131,14 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="llmframe-ingest-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "corpus.jsonl"
-    write_corpus(corpus, args.docs, args.words)
+    write_corpus(corpus, args.docs, args.words, real=args.text == "real")
     params = settings.params()
     if args.plan_only:
         return plan_memory(corpus, work, params, args)
     embedder = load_embedder(params.embedder)
     chunks = chunk_documents(read_jsonl(corpus), make_chunker(params.index, embedder))
     texts = [c.indexed_text for c in chunks]
-    print(f"corpus: {args.docs} documents, {len(chunks)} chunks, {args.words} words each; "
+    print(f"corpus: {args.docs} documents, {len(chunks)} chunks, {args.words} words each ({args.text}); "
           f"{os.cpu_count()} cores, {settings.threads} ONNX threads", flush=True)
 
     bare, job, stages, peaks, bytes_per_chunk, extracted = [], [], [], [], [], []
@@ -153,6 +176,7 @@ def main() -> None:
     print(f"| bare ONNX loop, chunks/s | {med(bare):.1f} |")
     print(f"| ingestion job, chunks/s (end to end) | {med(job):.1f} |")
     print(f"| ratio job / bare | {med(job) / med(bare):.3f} |")
+    print(f"| ingestion job, ms per chunk (end to end) | {1000 / med(job):.2f} |")
     for stage in stages[0]:
         print(f"| job stage {stage}, s | {med(s[stage] for s in stages):.1f} |")
     if extracted:
