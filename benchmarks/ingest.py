@@ -54,14 +54,15 @@ def vocabulary() -> list[str]:
 
 def write_corpus(path: Path, docs: int, words: int, seed: int = 11, real: bool = False) -> None:
     """`real`: each document is `words` consecutive words of the evaluation collections' texts
-    (real sentences); otherwise words drawn at random from SciFact's vocabulary."""
+    (real sentences), starting at evenly spaced places (spans overlap where the documents hold
+    more words than the texts); otherwise words drawn at random from SciFact's vocabulary."""
     source = real_words() if real else None
     vocab = None if real else vocabulary()
     rng = random.Random(seed)
     with path.open("w", encoding="utf-8") as f:
         for i in range(docs):
-            if source is not None:  # a second pass over the texts starts a third of a document later
-                start = (i * words + (i * words // len(source)) * (words // 3 + 1)) % len(source)
+            if source is not None:  # spread evenly over all the texts: the same mix at every size
+                start = i * len(source) // docs
                 text = " ".join(source[(start + k) % len(source)] for k in range(words))
             else:
                 text = " ".join(rng.choice(vocab) for _ in range(words)).capitalize() + "."
