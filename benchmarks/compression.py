@@ -1,10 +1,12 @@
 """Contextual compression against SciFact's gold rationale sentences.
 
     .venv/bin/python benchmarks/compression.py --dataset ../shared/eval/scifact [--split train|dev]
+        [--scorer cross-encoder --reranker MODEL_DIR [--precision int8]]
 
 For every claim, hybrid retrieval (the pipeline's defaults) returns the top 5 documents; each is
 compressed with the stage's own functions (retrieve/compress.py) from the release's sentence
-split of its abstract, scored by the query encoder (the offline scorer). Reported per token
+split of its abstract, scored by the query encoder (the offline scorer) or, with `--scorer
+cross-encoder`, by a trained reranker (what `auto` uses where one is deployed). Reported per token
 budget: the share of the gold rationale sentences *in the retrieved documents* that are kept,
 and the share of those documents' tokens that are kept. Tune on `--split train`
 (claims_train.jsonl); report on `dev` (claims_dev.jsonl: the 300 BEIR test claims). The last
@@ -44,46 +46,81 @@ def load_claims(folder: Path, split: str) -> list[dict]:
     return [json.loads(line) for line in (folder / name).read_text().splitlines() if line.strip()]
 
 
-def gather(pipeline, embedder, claims, abstracts, titled_sentences: bool = True) -> list[dict]:
+def gather(pipeline, embedder, claims, abstracts, titled_sentences: bool = True, reranker=None,
+           sentences_by_reranker: bool = False) -> list[dict]:
     """Per claim: the top documents' sentences, each sentence's model score and lexical
     overlap, and which sentences are gold rationales. A document's sentence vectors do not
-    depend on the claim: each retrieved document is embedded once."""
+    depend on the claim: each retrieved document is embedded once. With `reranker` (a
+    CrossEncoder), each retrieved passage's cross-encoder score too (what the served stage
+    reads from a deployed reranker), and with `sentences_by_reranker` the sentences' model score
+    is the cross-encoder's score of (claim, title + sentence) instead of the cosine."""
     texts = [c["claim"] for c in claims]
     found = pipeline.search_batch(texts, "hybrid", TOP, truncate=True)
-    docs_of = [[h.doc_id for h in hits if h.doc_id in abstracts] for hits in found]
-    needed = sorted({d for docs in docs_of for d in docs})
+    kept_hits = [[h for h in hits if h.doc_id in abstracts] for hits in found]
+    docs_of = [[h.doc_id for h in hits] for hits in kept_hits]
     title = (lambda d: abstracts[d]["title"]) if titled_sentences else (lambda d: "")
-    titled = [compress.scoring_text(title(d), s) for d in needed for s in abstracts[d]["abstract"]]
-    print(f"embedding {len(titled)} sentences of {len(needed)} retrieved documents and {len(texts)} claims", file=sys.stderr)
-    flat = list(embedder.embed(titled)) if titled else []
-    vectors, at = {}, 0
-    for d in needed:
-        n = len(abstracts[d]["abstract"])
-        vectors[d], at = flat[at : at + n], at + n
-    queries = embedder.embed(texts)
-    cases = []
-    for claim, query, docs in zip(claims, queries, docs_of):
-        split = compress.Split.of([abstracts[d]["abstract"] for d in docs])
-        gold = {(d, i) for d, ev in claim["evidence"].items() for e in ev for i in e["sentences"]}
-        flags = [(d, i) in gold for d in docs for i in range(len(abstracts[d]["abstract"]))]
-        cases.append({
-            "split": split, "gold": flags,
-            "model": compress.cosines(query, [v for d in docs for v in vectors[d]]),
-            "overlap": compress.lexical_overlap(claim["claim"], split.sentences),
-        })
+    if sentences_by_reranker:
+        models = [
+            reranker.score(claim["claim"], [compress.scoring_text(title(d), s) for d in docs for s in abstracts[d]["abstract"]]).tolist()
+            for claim, docs in zip(claims, docs_of)
+        ]
+    else:
+        needed = sorted({d for docs in docs_of for d in docs})
+        titled = [compress.scoring_text(title(d), s) for d in needed for s in abstracts[d]["abstract"]]
+        print(f"embedding {len(titled)} sentences of {len(needed)} retrieved documents and {len(texts)} claims", file=sys.stderr)
+        flat = list(embedder.embed(titled)) if titled else []
+        vectors, at = {}, 0
+        for d in needed:
+            n = len(abstracts[d]["abstract"])
+            vectors[d], at = flat[at : at + n], at + n
+        queries = embedder.embed(texts)
+        models = [compress.cosines(query, [v for d in docs for v in vectors[d]]) for query, docs in zip(queries, docs_of)]
+    cases = [_case(claim, docs, abstracts, model) for claim, docs, model in zip(claims, docs_of, models)]
+    if reranker is not None:
+        for case, claim, hits in zip(cases, claims, kept_hits):
+            case["passages"] = reranker.score(claim["claim"], [h.passage for h in hits]).tolist()
     return cases
+
+
+def _case(claim: dict, docs: list[str], abstracts: dict, model: list[float]) -> dict:
+    """One claim's sentences (of its retrieved documents), their model scores and lexical overlap,
+    and which are gold rationales."""
+    split = compress.Split.of([abstracts[d]["abstract"] for d in docs])
+    gold = {(d, i) for d, ev in claim["evidence"].items() for e in ev for i in e["sentences"]}
+    flags = [(d, i) in gold for d in docs for i in range(len(abstracts[d]["abstract"]))]
+    return {"split": split, "gold": flags, "model": model, "overlap": compress.lexical_overlap(claim["claim"], split.sentences)}
+
+
+def kept_of(case: dict, params) -> list[bool]:
+    """The stage's own choice for one claim (retrieve/compress.py), passages kept whole by the
+    cross-encoder's passage scores where the case has them."""
+    split = case["split"]
+    whole = compress.whole_passages(case.get("passages"), params.passage_margin)
+    return compress.select(split, compress.combined(case["model"], case["overlap"], params, split.owner), params, whole)
 
 
 def measure(cases, params) -> tuple[float, float]:
     kept_gold = all_gold = kept_tokens = all_tokens = 0
     for case in cases:
         split = case["split"]
-        keep = compress.select(split, compress.combined(case["model"], case["overlap"], params, case["split"].owner), params)
+        keep = kept_of(case, params)
         kept_gold += sum(k and g for k, g in zip(keep, case["gold"]))
         all_gold += sum(case["gold"])
         kept_tokens += sum(t for t, k in zip(split.tokens, keep) if k)
         all_tokens += sum(split.tokens)
     return kept_gold / max(all_gold, 1), kept_tokens / max(all_tokens, 1)
+
+
+def held_out_ids(reranker, dataset: str) -> set[str]:
+    """The SciFact train queries that this reranker held out from its training (its card's seed
+    and validation share, drawn as train/reranker.py draws them)."""
+    from llmframe_ray.train.reranker import split_queries
+
+    config = reranker.card.get("config", {})
+    if reranker.card.get("data", {}).get("dataset") != Path(dataset).name or "seed" not in config:
+        raise SystemExit(f"--held-out: the reranker's card does not say it was trained on {Path(dataset).name} with a seed")
+    train = load_beir(dataset, "train")
+    return set(split_queries(list(train.queries), config.get("validation_fraction", 0.1), config["seed"])[1])
 
 
 def main() -> None:
@@ -99,6 +136,14 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N claims of the split")
     parser.add_argument("--no-title", action="store_true", help="embed sentences without their passage title (a variant)")
     parser.add_argument("--fresh", action="store_true", help="score the sentences again instead of reading the cache")
+    parser.add_argument("--scorer", default="embedder", choices=["embedder", "cross-encoder"],
+                        help="the model score of a sentence: the query encoder's cosine, or the reranker's score")
+    parser.add_argument("--reranker", default=None,
+                        help="a trained reranker folder: its passage scores keep passages whole (--margin), as a deployed one does")
+    parser.add_argument("--precision", default=None, choices=["fp32", "int8"], help="the reranker's precision (default: the settings')")
+    parser.add_argument("--margin", default=None, help="comma-separated passage margins to sweep ('none': no passage kept whole)")
+    parser.add_argument("--held-out", action="store_true",
+                        help="with --split train: only the claims the reranker held out from its training")
     args = parser.parse_args()
 
     settings = load_settings()
@@ -109,14 +154,30 @@ def main() -> None:
     pipeline = Pipeline.open(root, embedder, params.retrieval)
     folder = Path(args.dataset) / "rationales"
     abstracts = {str(json.loads(line)["doc_id"]): json.loads(line) for line in (folder / "corpus_sentences.jsonl").read_text().splitlines()}
-    claims = load_claims(folder, args.split)[: args.limit]
+    claims = load_claims(folder, args.split)
     started = time.perf_counter()
     variant = "-notitle" if args.no_title else ""
+    reranker = None
+    if args.scorer == "cross-encoder" and not args.reranker:
+        parser.error("--scorer cross-encoder needs --reranker DIR")
+    if args.held_out and (not args.reranker or args.split != "train"):
+        parser.error("--held-out needs --split train and --reranker DIR")
+    if args.reranker:
+        from llmframe_ray.models.sources import load_reranker
+
+        reranker = load_reranker(load_settings(reranker_model=args.reranker).params().reranker_model, precision=args.precision)
+        variant += f"-{args.scorer}+passages-{Path(args.reranker).name}-{reranker.precision.value}"
+        if args.held_out:
+            held = held_out_ids(reranker, args.dataset)
+            claims = [c for c in claims if str(c["id"]) in held]
+            variant += "-heldout"
+    claims = claims[: args.limit]
     cache = settings.home / "bench" / f"compression-{args.split}{args.limit or ''}{variant}-{root.name}.pkl"
     if cache.is_file() and not args.fresh:  # scores depend on the index and model only, not on the settings swept
         cases = pickle.loads(cache.read_bytes())
     else:
-        cases = gather(pipeline, embedder, claims, abstracts, titled_sentences=not args.no_title)
+        cases = gather(pipeline, embedder, claims, abstracts, titled_sentences=not args.no_title, reranker=reranker,
+                       sentences_by_reranker=args.scorer == "cross-encoder")
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_bytes(pickle.dumps(cases))
     seconds = time.perf_counter() - started
@@ -126,16 +187,18 @@ def main() -> None:
           f"{gold} gold rationale sentences retrieved, {sum(len(c['split'].sentences) for c in cases)} sentences; "
           f"retrieval + sentence scoring {seconds:.1f} s (cached: {cache.name})")
     budgets = [int(b) for b in args.budgets.split(",")]
-    swept = {name: [float(x) for x in getattr(args, name).split(",")] if getattr(args, name) else [getattr(base, name)]
-             for name in ("lexical", "quota", "passage", "neighbour")}
-    print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
+    swept: dict[str, list] = {name: [float(x) for x in getattr(args, name).split(",")] if getattr(args, name) else [getattr(base, name)]
+                              for name in ("lexical", "quota", "passage", "neighbour")}
+    swept["passage_margin"] = [None if x.strip() == "none" else float(x) for x in args.margin.split(",")] if args.margin else [base.passage_margin]
+    print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'margin':>7} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
     curve = []
     for values in itertools.product(*swept.values()):
         setting = dict(zip(swept, values))
+        margin = "none" if setting["passage_margin"] is None or reranker is None else f"{setting['passage_margin']:.2f}"
         for budget in budgets:
-            kept, tokens = measure(cases, replace(base, budget_tokens=budget, **setting))
+            kept, tokens = measure(cases, replace(base.with_budget(budget), **setting))
             print(f"{setting['lexical']:>8.2f} {setting['quota']:>6.2f} {setting['passage']:>8.2f} {setting['neighbour']:>9.2f} "
-                  f"{budget:>7} {kept:>15.4f} {tokens:>12.4f}")
+                  f"{margin:>7} {budget:>7} {kept:>15.4f} {tokens:>12.4f}")
             if all(getattr(base, k) == v for k, v in setting.items()):
                 curve.append((budget, kept, tokens))
     if args.plot and curve:
@@ -151,7 +214,7 @@ def _per_claim(cases, params) -> list[float]:
         split = case["split"]
         if not split.tokens:
             continue
-        keep = compress.select(split, compress.combined(case["model"], case["overlap"], params, case["split"].owner), params)
+        keep = kept_of(case, params)
         shares.append(sum(t for t, k in zip(split.tokens, keep) if k) / sum(split.tokens))
     return shares
 

@@ -231,9 +231,9 @@ class Ranking:
         """The hits cut to the sentences that matter, and the LLM's tokens when it chose them."""
         params = self.params.compression
         if ask.threshold is not None:  # the request's threshold, with its budget if it gives one
-            params = replace(params, threshold=ask.threshold, budget_tokens=ask.budget_tokens)
+            params = replace(params.with_budget(ask.budget_tokens), threshold=ask.threshold)
         elif ask.budget_tokens is not None:
-            params = replace(params, budget_tokens=ask.budget_tokens)
+            params = params.with_budget(ask.budget_tokens)
         split = compress.Split.of_hits(hits)
         if params.scorer is compress.Scorer.LLM:
             try:
@@ -250,16 +250,21 @@ class Ranking:
         use_ce = params.scorer is compress.Scorer.CROSS_ENCODER or (
             params.scorer in (compress.Scorer.AUTO, compress.Scorer.LLM) and self.stages.has_reranker
         )
+        # the whole passages too, in the same call, where the reranker keeps passages whole
+        passages = [h.passage for h in hits] if params.passage_margin is not None and self.stages.has_reranker else []
         try:
             if use_ce:
-                model = list(await self.stages.rerank_scores(query, texts))
+                model = list(await self.stages.rerank_scores(query, texts + passages))
             else:
                 model = await self._cosines(query, texts)
+                if passages:
+                    model += list(await self.stages.rerank_scores(query, passages))
         except StageUnavailableError as exc:
             warnings.append(f"contextual compression was skipped: {exc}")
             return hits, None
-        scores = compress.combined(model, compress.lexical_overlap(query, split.sentences), params, split.owner)
-        return compress.apply(hits, split, compress.select(split, scores, params)), None
+        whole = compress.whole_passages(model[len(texts):], params.passage_margin)
+        scores = compress.combined(model[: len(texts)], compress.lexical_overlap(query, split.sentences), params, split.owner)
+        return compress.apply(hits, split, compress.select(split, scores, params, whole)), None
 
     async def _cosines(self, query: str, texts: list[str]) -> list[float]:
         """Each sentence's cosine with the question. Sentence vectors are kept (the last

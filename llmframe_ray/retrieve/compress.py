@@ -12,6 +12,11 @@ of itself than one that does not). Every passage keeps its best sentence, so eve
 still points at the document and chunk it came from with text that matters; the rest of the
 budget goes to the best sentences overall (optionally after per-passage quotas by length).
 
+Where a cross-encoder scores the whole passages too (a reranker is deployed), the passages it
+scores within `passage_margin` of the best one are kept whole, before the budget and over it if
+they must: on SciFact, whether a passage answers the question decides more of the gold
+rationale than any sentence score does (README "The advanced pipeline").
+
 Ray-free: the API service gets the scores from its stages and calls `select` and `apply`; the
 benchmark (benchmarks/compression.py) calls the same functions.
 """
@@ -19,7 +24,7 @@ benchmark (benchmarks/compression.py) calls the same functions.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -50,7 +55,13 @@ class CompressionParams:
     least it). `quota`: the share of the budget handed out per passage (by length) before the
     rest goes to the best sentences overall; `lexical`, `passage`, `neighbour`: see `combined`.
     Defaults chosen on the first 300 SciFact claims_train claims (benchmarks/compression.py
-    --split train --limit 300): the most rationale kept with at most 40% of the tokens."""
+    --split train --limit 300): the most rationale kept with at most 40% of the tokens.
+
+    `passage_margin`: where a cross-encoder scores the whole passages (a reranker is deployed),
+    the passages within this margin of the best one's score (the reranker's units) are kept
+    whole; None: never. `passage_budget_tokens` is then the budget instead of `budget_tokens`
+    (None: `budget_tokens`). Both chosen on the 81 claims_train claims that the trained reranker
+    held out from its training (benchmarks/compression.py --held-out), by the same rule."""
 
     budget_tokens: int | None = 750
     threshold: float | None = None
@@ -59,15 +70,31 @@ class CompressionParams:
     passage: float = 1.0
     neighbour: float = 0.0
     scorer: Scorer = Scorer.AUTO
+    passage_margin: float | None = 1.0
+    passage_budget_tokens: int | None = 550
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scorer", Scorer.from_str(self.scorer))
         if self.budget_tokens is None and self.threshold is None:
             raise ValueError("compression needs a token budget or a score threshold")
+        if self.passage_margin is not None and not self.passage_margin >= 0:
+            raise ValueError(f"passage_margin must be at least 0, got {self.passage_margin!r}")
+        if self.passage_budget_tokens is not None and self.passage_budget_tokens < 1:
+            raise ValueError(f"passage_budget_tokens must be at least 1, got {self.passage_budget_tokens!r}")
         if self.budget_tokens is not None and self.budget_tokens < 1:
             raise ValueError(f"budget_tokens must be at least 1, got {self.budget_tokens!r}")
         if not 0.0 <= self.quota <= 1.0:
             raise ValueError(f"quota must be within [0, 1], got {self.quota!r}")
+
+    def with_budget(self, budget_tokens: int | None) -> CompressionParams:
+        """These settings with one budget, whether or not passages are kept whole (a request's)."""
+        return replace(self, budget_tokens=budget_tokens, passage_budget_tokens=None)
+
+    def budget(self, whole: bool) -> int | None:
+        """The token budget, with (`whole`) or without passages kept whole; None: no budget."""
+        if whole and self.budget_tokens is not None and self.passage_budget_tokens is not None:
+            return self.passage_budget_tokens
+        return self.budget_tokens
 
 
 @dataclass(frozen=True)
@@ -144,32 +171,44 @@ def combined(
     return out
 
 
-def select(split: Split, scores: Sequence[float], params: CompressionParams) -> list[bool]:
-    """Which sentences to keep (see the module docstring)."""
+def whole_passages(passage_scores: Sequence[float] | None, margin: float | None) -> frozenset[int]:
+    """The passages scored within `margin` of the best passage (none without scores or margin)."""
+    if margin is None or not passage_scores:
+        return frozenset()
+    best = max(passage_scores)
+    return frozenset(p for p, score in enumerate(passage_scores) if score >= best - margin)
+
+
+def select(split: Split, scores: Sequence[float], params: CompressionParams, whole: Collection[int] = ()) -> list[bool]:
+    """Which sentences to keep (see the module docstring); every sentence of the `whole`
+    passages (`whole_passages`) is kept, whatever the budget."""
     n = len(split.sentences)
-    keep = [False] * n
+    keep = [split.owner[i] in whole for i in range(n)]
     order = sorted(range(n), key=lambda i: (-scores[i], i))
     best: dict[int, int] = {}
     for i in order:
         best.setdefault(split.owner[i], i)
     for i in best.values():
         keep[i] = True
+    used: dict[int, int] = {}  # tokens kept per passage before the threshold and the budget
+    for p, t, k in zip(split.owner, split.tokens, keep):
+        used[p] = used.get(p, 0) + (t if k else 0)
     if params.threshold is not None:
         for i in order:
             keep[i] = keep[i] or scores[i] >= params.threshold
-    if params.budget_tokens is None:
+    budget = params.budget(bool(whole))
+    if budget is None:
         return keep
     spent = sum(t for t, k in zip(split.tokens, keep) if k)
     total = sum(split.tokens) or 1
     passage_tokens: dict[int, int] = {}
     for p, t in zip(split.owner, split.tokens):
         passage_tokens[p] = passage_tokens.get(p, 0) + t
-    used = {p: split.tokens[i] for p, i in best.items()}
-    quota = {p: params.quota * params.budget_tokens * t / total for p, t in passage_tokens.items()}
+    quota = {p: params.quota * budget * t / total for p, t in passage_tokens.items()}
     for in_quota in (True, False):
         for i in order:
             p, t = split.owner[i], split.tokens[i]
-            if keep[i] or spent + t > params.budget_tokens or (in_quota and used[p] + t > quota[p]):
+            if keep[i] or spent + t > budget or (in_quota and used[p] + t > quota[p]):
                 continue
             keep[i], spent, used[p] = True, spent + t, used[p] + t
     return keep

@@ -3,6 +3,7 @@ rewriting (multi-query, PRF, conversational) and contextual compression."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -246,3 +247,42 @@ def test_llm_compression_keeps_what_claude_names(index_dir, embedder, tmp_path):
     assert chosen["warnings"] == []
     assert fallback["warnings"][0].startswith("LLM compression failed, the sentences were scored offline: ")
     assert [h["chunk_id"] for h in fallback["hits"]] == [h.chunk_id for h in hits]
+
+
+class PassageReranker:
+    """A stand-in cross-encoder with set scores for whole passages; records what it is asked."""
+
+    def __init__(self, scores: dict[str, float]) -> None:
+        self.scores, self.asked = scores, []
+
+    def score(self, query, passages):
+        self.asked.append(list(passages))
+        return np.array([self.scores.get(p, -10.0) for p in passages], dtype=np.float32)
+
+
+@pytest.mark.parametrize("margin", ["1.0", "none"])
+def test_passages_the_reranker_rates_near_the_best_stay_whole(index_dir, embedder, margin):
+    """With a reranker deployed, compression asks it for the whole passages (one call) and keeps
+    whole those within LLMFRAME_COMPRESSION_PASSAGE_MARGIN of the best, over the budget; the
+    sentences are still scored by the embedder here (LLMFRAME_COMPRESSION_SCORER=embedder)."""
+    settings = load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, api_secret_key=KEY,
+                             compression_scorer="embedder", compression_passage_margin=margin)
+    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
+    query = "When did astronauts walk on the Moon?"
+    hybrid = pipeline.search(query, "hybrid", 3)
+    assert hybrid[0].doc_id == "moon-facts" and len(sentences(hybrid[0].text)) == 5
+    reranker = PassageReranker({hybrid[0].passage: 3.0, hybrid[1].passage: 2.5, hybrid[2].passage: 0.0})
+    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=reranker)
+    app = create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))
+    with TestClient(app) as c:
+        found = search(c, query=query, top_k=3, retrieval_strategy="compressed", compression_budget_tokens=1)["hits"]
+    assert [h["chunk_id"] for h in found] == [h.chunk_id for h in hybrid]
+    kept = [[s for s in h["text"].split("...") if s.strip()] for h in found]
+    if margin == "none":
+        assert reranker.asked == []
+        assert found[0]["text"] == "... Astronauts first walked on it in 1969."
+        assert all(len(k) == 1 for k in kept)  # a budget of one token: each passage's best sentence
+    else:
+        assert reranker.asked == [[h.passage for h in hybrid]]
+        assert [h["text"] for h in found[:2]] == [h.text for h in hybrid[:2]]  # 3.0 and 2.5: within 1.0 of the best
+        assert len(kept[2]) == 1  # 0.0: its best sentence only

@@ -17,6 +17,7 @@ from llmframe_ray.retrieve.compress import (
     lexical_overlap,
     scoring_text,
     select,
+    whole_passages,
 )
 from llmframe_ray.retrieve.strategy import GRAPH_MISSING, Strategy, StrategyError, alpha_weights, resolve
 from llmframe_ray.types import Hit, SearchMode
@@ -53,6 +54,36 @@ def test_every_passage_keeps_its_best_sentence_then_quota_then_the_best_overall(
     assert by_threshold == [False, True, False, True, True, False]
 
 
+def test_passages_the_reranker_rates_near_the_best_are_kept_whole_over_the_budget():
+    split = Split.of_hits(HITS)
+    scores = [0.1, 0.9, 0.2, 0.5, 0.3, 0.1]
+    assert whole_passages([2.0, 1.2, -3.0], 1.0) == {0, 1}
+    assert whole_passages([2.0, 1.2], 0.5) == {0}
+    assert whole_passages([2.0, 1.2], None) == set() and whole_passages([], 1.0) == set()
+    # passage b whole (3 tokens), then passage a's best, Beta (5): 8 spent, over the passage budget of 4
+    params = CompressionParams(budget_tokens=100, passage_budget_tokens=4)
+    assert select(split, scores, params, whole={1}) == [False, True, False, False, True, True]
+    # passage a whole (13) and b's best, Zeta (2): the budget of 16 then has room for Eta (1)
+    assert select(split, scores, CompressionParams(budget_tokens=16, passage_budget_tokens=16), whole={0}) == [True] * 6
+    assert select(split, scores, CompressionParams(budget_tokens=15, passage_budget_tokens=15), whole={0}) == [True] * 5 + [False]
+
+
+def test_the_passage_budget_applies_only_where_passages_are_kept_whole():
+    params = CompressionParams(budget_tokens=750, passage_budget_tokens=550)
+    assert params.budget(whole=True) == 550 and params.budget(whole=False) == 750
+    assert params.with_budget(40).budget(whole=True) == 40  # a request's budget is the budget either way
+    assert CompressionParams(budget_tokens=750, passage_budget_tokens=None).budget(whole=True) == 750
+    threshold_only = CompressionParams(budget_tokens=None, threshold=0.5, passage_budget_tokens=550)
+    assert threshold_only.budget(whole=True) is None
+    split = Split.of_hits(HITS)
+    scores = [0.1, 0.9, 0.2, 0.5, 0.3, 0.1]
+    # Beta, Zeta and Eta make 8 tokens: the budget of 8 takes nothing more; with passage b whole,
+    # the passage budget of 10 also takes Delta (2), a's next best
+    params = CompressionParams(budget_tokens=8, passage_budget_tokens=10)
+    assert select(split, scores, params) == [False, True, False, False, True, True]
+    assert select(split, scores, params, whole={1}) == [False, True, False, True, True, True]
+
+
 def test_apply_marks_cuts_and_keeps_ids():
     split = Split.of_hits(HITS)
     kept = apply(HITS, split, [False, True, False, True, True, False])
@@ -74,6 +105,8 @@ def test_scores_combine_model_and_lexical_overlap():
     ({"budget_tokens": None}, "compression needs a token budget or a score threshold"),
     ({"budget_tokens": 0}, "budget_tokens must be at least 1, got 0"),
     ({"quota": 1.5}, "quota must be within [0, 1], got 1.5"),
+    ({"passage_margin": -0.5}, "passage_margin must be at least 0, got -0.5"),
+    ({"passage_budget_tokens": 0}, "passage_budget_tokens must be at least 1, got 0"),
     ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder, llm"),
 ])
 def test_bad_compression_params(kwargs, message):

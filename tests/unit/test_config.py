@@ -158,3 +158,16 @@ def test_solo_threads_reach_the_embedder_params(monkeypatch):
     monkeypatch.setenv("LLMFRAME_SOLO_THREADS", "0")
     with pytest.raises(ConfigError, match=r"LLMFRAME_SOLO_THREADS: Input should be greater than or equal to 1"):
         load_settings()
+
+
+def test_compression_passage_settings(monkeypatch):
+    compression = load_settings().params().service.compression
+    assert (compression.passage_margin, compression.passage_budget_tokens, compression.budget_tokens) == (1.0, 550, 750)
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_MARGIN", "none")
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_BUDGET_TOKENS", "0")
+    compression = load_settings().params().service.compression
+    assert compression.passage_margin is None and compression.passage_budget_tokens is None
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_MARGIN", "-2")
+    with pytest.raises(ConfigError) as err:
+        load_settings().params()
+    assert str(err.value) == "LLMFRAME_COMPRESSION_PASSAGE_MARGIN must be at least 0 or 'none', got -2.0"
