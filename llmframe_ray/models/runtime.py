@@ -68,6 +68,7 @@ def create_session(
     spinning: bool = True,
     prepacked_dir: Path | None = None,
     stop_spinning: bool = False,
+    skipped_fusions: Sequence[str] = (),
 ):
     """An ONNX Runtime CPU session using `threads` intra-op threads (one inter-op thread).
 
@@ -84,7 +85,10 @@ def create_session(
     packed for this CPU's kernels, sit in a file that ONNX Runtime maps into memory (made once:
     `prepacked_model`), so that every process on the machine reads one copy of them instead of
     packing its own; same outputs, bit for bit. Falls back to the model itself when the copy
-    cannot be made."""
+    cannot be made.
+
+    `skipped_fusions`: graph optimizers of ONNX Runtime (by name) not to run, here and in the
+    optimized copy (e.g. INT8_SKIPPED_FUSIONS)."""
     import onnxruntime as ort
 
     if threads < 1:
@@ -100,11 +104,13 @@ def create_session(
         options.add_session_config_entry("session.force_spinning_stop", "1")
     path = Path(model_path)
 
+    skipped = {"disabled_optimizers": list(skipped_fusions)} if skipped_fusions else {}
+
     def load(model: Path):
-        return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"], **skipped)
 
     if prepacked_dir is not None and path.is_file():
-        copy = prepacked_model(path, Path(prepacked_dir))
+        copy = prepacked_model(path, Path(prepacked_dir), skipped_fusions)
         if copy != path:
             try:
                 return load(copy)
@@ -121,11 +127,11 @@ PREPACKED_MODEL = "model.onnx"
 PREPACKED_WEIGHTS = "weights.bin"
 
 
-def prepacked_model(model_path: Path, cache_dir: Path) -> Path:
+def prepacked_model(model_path: Path, cache_dir: Path, skipped_fusions: Sequence[str] = ()) -> Path:
     """The optimized copy of `model_path` with its weights prepacked into an external file,
     in `cache_dir/<model name>-<key>/`, made on first use. The key covers the model file (path,
-    size, modification time), the ONNX Runtime version and the CPU (the packing depends on its
-    instruction set). Several processes may race to make it: each writes a private folder and
+    size, modification time), the ONNX Runtime version, the CPU (the packing depends on its
+    instruction set) and the fusions skipped (create_session). Several processes may race to make it: each writes a private folder and
     renames it into place; the first rename wins. Returns `model_path` itself (with a warning)
     when the copy cannot be made, e.g. in a read-only folder."""
     import onnxruntime as ort
@@ -133,6 +139,7 @@ def prepacked_model(model_path: Path, cache_dir: Path) -> Path:
     stat = model_path.stat()
     key = hashlib.sha256(
         f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{ort.__version__}|{_cpu_signature()}".encode()
+        + ("|skipped:" + ",".join(sorted(skipped_fusions))).encode() * bool(skipped_fusions)
     ).hexdigest()[:16]
     target = cache_dir / f"{model_path.parent.name}-{model_path.stem}-{key}"
     if (target / PREPACKED_MODEL).is_file():
@@ -149,7 +156,8 @@ def prepacked_model(model_path: Path, cache_dir: Path) -> Path:
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
         options.log_severity_level = 3  # it warns that the file suits this machine only, which the key ensures
-        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        skipped = {"disabled_optimizers": list(skipped_fusions)} if skipped_fusions else {}
+        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"], **skipped)
         try:
             staging.rename(target)
         except OSError:  # another process put its copy there first

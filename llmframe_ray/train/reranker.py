@@ -275,7 +275,10 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT, layers
     the segments (query tokens to passage tokens, and back) gets a learnable additive bias, the
     "gate", which starts at `gate_init` (almost closed): before training the two segments
     barely see each other and the score is the bi-encoder's cosine. Training opens the gates
-    where reading the pair together helps. Each segment's final states are mean-pooled (the
+    where reading the pair together helps. The biases enter the attention scores as three more
+    dimensions of every head's query and key vectors (`segment_gated_attention`), so the exported
+    graph builds no (heads x tokens x tokens) bias tensor per layer: those element-wise passes
+    had cost a third of an int8 pair's time. Each segment's final states are mean-pooled (the
     pooling MiniLM was trained with) and the logit is
     `scale * cos(query, passage) + w . (query * passage) + b`, scale starting at 20, w and b at
     zero. `forward` returns an object with `.logits` (batch, 1), like transformers'
@@ -287,10 +290,12 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT, layers
     from transformers import AutoModel
     from transformers.modeling_outputs import SequenceClassifierOutput
 
+    register_segment_gated_attention()
+
     class SegmentGatedScorer(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.encoder = AutoModel.from_pretrained(str(encoder_dir), attn_implementation="eager")
+            self.encoder = AutoModel.from_pretrained(str(encoder_dir), attn_implementation=SEGMENT_GATED)
             config = self.encoder.config
             self.kept_layers = kept_layers(config.num_hidden_layers, layers)
             self.encoder.encoder.layer = torch.nn.ModuleList(self.encoder.encoder.layer[i] for i in self.kept_layers)
@@ -315,16 +320,17 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT, layers
                 position_ids=positions.clamp(min=0).to(torch.long),
                 token_type_ids=torch.zeros_like(input_ids),
             )
-            padding = ((1.0 - mask) * PADDING_BIAS)[:, None, None, :]
-            query_to_passage = (first[:, :, None] * second[:, None, :])[:, None]
-            passage_to_query = (second[:, :, None] * first[:, None, :])[:, None]
+            # score(i, j) += gate0 [i in query, j in passage] + gate1 [i in passage, j in query]
+            #               + PADDING_BIAS [j is padding], as q_i' . k_j' over three more dimensions
+            key_side = torch.stack([second, first, (1.0 - mask) * PADDING_BIAS], -1)[:, None]
+            ones = torch.ones_like(first)
             for index, layer in enumerate(self.encoder.encoder.layer):
-                bias = (
-                    padding
-                    + self.gates[0, index][None, :, None, None] * query_to_passage
-                    + self.gates[1, index][None, :, None, None] * passage_to_query
-                )
-                states = layer(states, bias)
+                query_side = torch.stack([
+                    self.gates[0, index][None, :, None] * first[:, None, :],
+                    self.gates[1, index][None, :, None] * second[:, None, :],
+                    ones[:, None, :].expand(-1, self.gates.shape[2], -1),
+                ], -1)
+                states = layer(states, (query_side, key_side))
             query = (states * first.unsqueeze(-1)).sum(1) / first.sum(1, keepdim=True).clamp(min=1e-9)
             passage = (states * second.unsqueeze(-1)).sum(1) / second.sum(1, keepdim=True).clamp(min=1e-9)
             query = torch.nn.functional.normalize(query, dim=-1)
@@ -334,6 +340,30 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT, layers
             return SequenceClassifierOutput(logits=logits)
 
     return SegmentGatedScorer()
+
+
+SEGMENT_GATED = "llmframe_segment_gated"
+
+
+def segment_gated_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention whose additive biases come as extra query/key dimensions: `attention_mask`
+    is (query_side [batch, heads, tokens, e], key_side [batch, 1, tokens, e]), and each score is
+    scaling * q . k + query_side_i . key_side_j (mean_pool_classifier)."""
+    import torch
+
+    query_side, key_side = attention_mask
+    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+    queries = torch.cat([query * scaling, query_side.to(query.dtype)], -1)
+    keys = torch.cat([key, key_side.to(key.dtype).expand(-1, key.size(1), -1, -1)], -1)
+    weights = torch.nn.functional.softmax(torch.matmul(queries, keys.transpose(2, 3)), dim=-1)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def register_segment_gated_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(SEGMENT_GATED, segment_gated_attention)
 
 
 def pair_tokenizer(source: Path, max_length: int | None = None):

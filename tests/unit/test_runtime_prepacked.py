@@ -95,3 +95,29 @@ def test_a_damaged_copy_falls_back_to_the_model(model_copy, tmp_path, caplog):
     tokenizer = model_copy.parent / "tokenizer.json"
     for a, b in zip(outputs(session, tokenizer), outputs(create_session(model_copy, 1), tokenizer)):
         assert np.array_equal(a, b)
+
+
+def test_skipped_fusions_stay_skipped_in_the_copy_and_on_load(tiny_reranker_dir, tmp_path):
+    """The int8 cross-encoder's session skips SkipLayerNormalization fusion (models/cross_encoder.py):
+    the optimized copy is made without it, under its own key, and loading it does not fuse again."""
+    import onnx
+
+    from llmframe_ray.models.cross_encoder import INT8_SKIPPED_FUSIONS
+    from llmframe_ray.models.export import quantize_int8
+
+    int8 = tmp_path / "tiny" / "model.int8.onnx"
+    int8.parent.mkdir()
+    quantize_int8(tiny_reranker_dir / "model.onnx", int8)
+    fused = runtime.prepacked_model(int8, tmp_path / "prepacked")
+    unfused = runtime.prepacked_model(int8, tmp_path / "prepacked", INT8_SKIPPED_FUSIONS)
+    assert fused != unfused
+
+    def ops(path: Path) -> list[str]:
+        return [node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node]
+
+    assert ops(fused).count("SkipLayerNormalization") == 2  # one in each of the 2 layers
+    assert "SkipLayerNormalization" not in ops(unfused)
+    plain = create_session(int8, 1, skipped_fusions=INT8_SKIPPED_FUSIONS)
+    shared = create_session(int8, 1, prepacked_dir=tmp_path / "prepacked", skipped_fusions=INT8_SKIPPED_FUSIONS)
+    for a, b in zip(outputs(plain, tiny_reranker_dir / "tokenizer.json"), outputs(shared, tiny_reranker_dir / "tokenizer.json")):
+        assert np.array_equal(a, b)

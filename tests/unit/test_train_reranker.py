@@ -324,3 +324,34 @@ def test_a_teacher_trained_with_another_hold_out_is_named_in_a_warning():
     ]
     with pytest.raises(ValueError, match=r"distill_weight must be in \[0, 1\] and distill_temperature > 0, got 1.5 and 1.0"):
         TrainConfig(distill_weight=1.5)
+
+
+def test_segment_gates_as_extra_dimensions_equal_an_additive_bias():
+    """The gated model's attention (train/reranker.py: segment_gated_attention) adds its biases
+    as extra query/key dimensions; the scores, and so the outputs, equal eager attention with
+    the same biases added as a (heads x tokens x tokens) tensor."""
+    import torch
+
+    from llmframe_ray.train.reranker import segment_gated_attention
+
+    torch.manual_seed(3)
+    batch, heads, tokens, dim = 2, 3, 7, 8
+    query, key, value = (torch.randn(batch, heads, tokens, dim) for _ in range(3))
+    first = torch.tensor([[1, 1, 1, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0]], dtype=torch.float32)
+    second = mask - first
+    gates = torch.randn(2, heads) * 4
+    bias = (
+        (1.0 - mask)[:, None, None, :] * -1e4
+        + gates[0][None, :, None, None] * (first[:, :, None] * second[:, None, :])[:, None]
+        + gates[1][None, :, None, None] * (second[:, :, None] * first[:, None, :])[:, None]
+    )
+    expected = torch.softmax(query @ key.transpose(2, 3) * dim ** -0.5 + bias, dim=-1) @ value
+    query_side = torch.stack([gates[0][None, :, None] * first[:, None, :], gates[1][None, :, None] * second[:, None, :],
+                              torch.ones(batch, heads, tokens)], -1)
+    key_side = torch.stack([second, first, (1.0 - mask) * -1e4], -1)[:, None]
+    module = torch.nn.Module().eval()
+    out, weights = segment_gated_attention(module, query, key, value, (query_side, key_side))
+    assert out.shape == (batch, tokens, heads, dim)
+    assert torch.allclose(out.transpose(1, 2), expected, atol=1e-5)
+    assert torch.allclose(weights[1, :, :, 5:], torch.zeros(heads, tokens, 2))  # padding gets no attention
