@@ -231,7 +231,7 @@ class Ranking:
         """The hits cut to the sentences that matter, and the LLM's tokens when it chose them."""
         params = self.params.compression
         if ask.threshold is not None:  # the request's threshold, with its budget if it gives one
-            params = replace(params.with_budget(ask.budget_tokens), threshold=ask.threshold)
+            params = params.with_budget(ask.budget_tokens, threshold=ask.threshold)
         elif ask.budget_tokens is not None:
             params = params.with_budget(ask.budget_tokens)
         split = compress.Split.of_hits(hits)

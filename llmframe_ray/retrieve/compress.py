@@ -86,9 +86,10 @@ class CompressionParams:
         if not 0.0 <= self.quota <= 1.0:
             raise ValueError(f"quota must be within [0, 1], got {self.quota!r}")
 
-    def with_budget(self, budget_tokens: int | None) -> CompressionParams:
-        """These settings with one budget, whether or not passages are kept whole (a request's)."""
-        return replace(self, budget_tokens=budget_tokens, passage_budget_tokens=None)
+    def with_budget(self, budget_tokens: int | None, **changes: object) -> CompressionParams:
+        """These settings with one budget, whether or not passages are kept whole (a request's),
+        and any other `changes` (e.g. its threshold, without which no budget is an error)."""
+        return replace(self, budget_tokens=budget_tokens, passage_budget_tokens=None, **changes)
 
     def budget(self, whole: bool) -> int | None:
         """The token budget, with (`whole`) or without passages kept whole; None: no budget."""

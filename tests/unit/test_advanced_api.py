@@ -164,6 +164,9 @@ def test_compressed_keeps_sentences_of_the_same_hits(client):
     assert moon["text"] == "... Astronauts first walked on it in 1969."
     loose = search(client, query=query, retrieval_strategy="compressed", compression_budget_tokens=100_000, top_k=3)
     assert [h["text"] for h in loose["hits"]] == [h["text"] for h in hybrid]  # everything fits: nothing cut
+    # a threshold alone, no budget: no sentence scores 100, so each passage keeps its best
+    strict = search(client, query=query, retrieval_strategy="compressed", compression_threshold=100.0, top_k=3)
+    assert [h["text"] for h in strict["hits"]] == [h["text"] for h in tight["hits"]]
 
 
 def test_compressed_answers_cite_the_same_documents(client):

@@ -72,6 +72,8 @@ def test_the_passage_budget_applies_only_where_passages_are_kept_whole():
     params = CompressionParams(budget_tokens=750, passage_budget_tokens=550)
     assert params.budget(whole=True) == 550 and params.budget(whole=False) == 750
     assert params.with_budget(40).budget(whole=True) == 40  # a request's budget is the budget either way
+    by_threshold = params.with_budget(None, threshold=0.2)  # a request's threshold without a budget
+    assert by_threshold.threshold == 0.2 and by_threshold.budget(whole=True) is None
     assert CompressionParams(budget_tokens=750, passage_budget_tokens=None).budget(whole=True) == 750
     threshold_only = CompressionParams(budget_tokens=None, threshold=0.5, passage_budget_tokens=550)
     assert threshold_only.budget(whole=True) is None
