@@ -28,7 +28,7 @@ class PipelineSettings(WriteSettings):
     compression_scorer: Scorer = Field(Scorer.AUTO, validation_alias=_env("COMPRESSION_SCORER"))
     # with a reranker deployed: passages it scores within this margin of the best are kept whole
     # ("none": never), and the budget is then this one (0: COMPRESSION_BUDGET_TOKENS)
-    compression_passage_margin: float | None = Field(1.0, validation_alias=_env("COMPRESSION_PASSAGE_MARGIN"))
+    compression_passage_margin: float | None = Field(1.0, ge=0, validation_alias=_env("COMPRESSION_PASSAGE_MARGIN"))
     compression_passage_budget_tokens: int = Field(
         550, ge=0, le=1_000_000, validation_alias=_env("COMPRESSION_PASSAGE_BUDGET_TOKENS")
     )
@@ -56,10 +56,8 @@ class PipelineSettings(WriteSettings):
         budget = self.compression_budget_tokens or None
         if budget is None and self.compression_threshold is None:
             raise ConfigError("LLMFRAME_COMPRESSION_BUDGET_TOKENS is 0 and no LLMFRAME_COMPRESSION_THRESHOLD is set")
-        margin = self.compression_passage_margin
-        if margin is not None and not margin >= 0:
-            raise ConfigError(f"LLMFRAME_COMPRESSION_PASSAGE_MARGIN must be at least 0 or 'none', got {margin!r}")
         return CompressionParams(
             budget_tokens=budget, threshold=self.compression_threshold, scorer=self.compression_scorer,
-            passage_margin=margin, passage_budget_tokens=self.compression_passage_budget_tokens or None,
+            passage_margin=self.compression_passage_margin,
+            passage_budget_tokens=self.compression_passage_budget_tokens or None,
         )

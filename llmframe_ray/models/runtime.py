@@ -104,10 +104,8 @@ def create_session(
         options.add_session_config_entry("session.force_spinning_stop", "1")
     path = Path(model_path)
 
-    skipped = {"disabled_optimizers": list(skipped_fusions)} if skipped_fusions else {}
-
     def load(model: Path):
-        return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"], **skipped)
+        return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"], **_skipping(skipped_fusions))
 
     if prepacked_dir is not None and path.is_file():
         copy = prepacked_model(path, Path(prepacked_dir), skipped_fusions)
@@ -131,15 +129,15 @@ def prepacked_model(model_path: Path, cache_dir: Path, skipped_fusions: Sequence
     """The optimized copy of `model_path` with its weights prepacked into an external file,
     in `cache_dir/<model name>-<key>/`, made on first use. The key covers the model file (path,
     size, modification time), the ONNX Runtime version, the CPU (the packing depends on its
-    instruction set) and the fusions skipped (create_session). Several processes may race to make it: each writes a private folder and
-    renames it into place; the first rename wins. Returns `model_path` itself (with a warning)
+    instruction set) and the fusions skipped (create_session). Several processes may race to
+    make it: each writes a private folder and renames it into place; the first rename wins. Returns `model_path` itself (with a warning)
     when the copy cannot be made, e.g. in a read-only folder."""
     import onnxruntime as ort
 
     stat = model_path.stat()
     key = hashlib.sha256(
         f"{model_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{ort.__version__}|{_cpu_signature()}".encode()
-        + ("|skipped:" + ",".join(sorted(skipped_fusions))).encode() * bool(skipped_fusions)
+        + (f"|skipped:{','.join(sorted(skipped_fusions))}".encode() if skipped_fusions else b"")  # none: the old keys
     ).hexdigest()[:16]
     target = cache_dir / f"{model_path.parent.name}-{model_path.stem}-{key}"
     if (target / PREPACKED_MODEL).is_file():
@@ -156,8 +154,7 @@ def prepacked_model(model_path: Path, cache_dir: Path, skipped_fusions: Sequence
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
         options.log_severity_level = 3  # it warns that the file suits this machine only, which the key ensures
-        skipped = {"disabled_optimizers": list(skipped_fusions)} if skipped_fusions else {}
-        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"], **skipped)
+        ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"], **_skipping(skipped_fusions))
         try:
             staging.rename(target)
         except OSError:  # another process put its copy there first
@@ -169,6 +166,11 @@ def prepacked_model(model_path: Path, cache_dir: Path, skipped_fusions: Sequence
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target / PREPACKED_MODEL
+
+
+def _skipping(fusions: Sequence[str]) -> dict[str, list[str]]:
+    """InferenceSession's keyword for graph optimizers not to run (none: no keyword at all)."""
+    return {"disabled_optimizers": list(fusions)} if fusions else {}
 
 
 def _cpu_signature() -> str:

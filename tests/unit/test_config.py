@@ -169,5 +169,7 @@ def test_compression_passage_settings(monkeypatch):
     assert compression.passage_margin is None and compression.passage_budget_tokens is None
     monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_MARGIN", "-2")
     with pytest.raises(ConfigError) as err:
-        load_settings().params()
-    assert str(err.value) == "LLMFRAME_COMPRESSION_PASSAGE_MARGIN must be at least 0 or 'none', got -2.0"
+        load_settings()
+    assert str(err.value) == (
+        "invalid configuration: LLMFRAME_COMPRESSION_PASSAGE_MARGIN: Input should be greater than or equal to 0 (got '-2')"
+    )
