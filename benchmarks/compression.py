@@ -47,15 +47,17 @@ def load_claims(folder: Path, split: str) -> list[dict]:
 
 
 def gather(pipeline, embedder, claims, abstracts, titled_sentences: bool = True, reranker=None,
-           sentences_by_reranker: bool = False) -> list[dict]:
+           sentences_by_reranker: bool = False, rerank: bool = False) -> list[dict]:
     """Per claim: the top documents' sentences, each sentence's model score and lexical
     overlap, and which sentences are gold rationales. A document's sentence vectors do not
     depend on the claim: each retrieved document is embedded once. With `reranker` (a
     CrossEncoder), each retrieved passage's cross-encoder score too (what the served stage
     reads from a deployed reranker), and with `sentences_by_reranker` the sentences' model score
-    is the cross-encoder's score of (claim, title + sentence) instead of the cosine."""
+    is the cross-encoder's score of (claim, title + sentence) instead of the cosine. With
+    `rerank`, the top documents are the reranked ones (the pipeline's reranker), as a deployed
+    Reranker hands them to the stage by default."""
     texts = [c["claim"] for c in claims]
-    found = pipeline.search_batch(texts, "hybrid", TOP, truncate=True)
+    found = pipeline.search_batch(texts, "hybrid", TOP, truncate=True, rerank=rerank)
     kept_hits = [[h for h in hits if h.doc_id in abstracts] for hits in found]
     docs_of = [[h.doc_id for h in hits] for hits in kept_hits]
     title = (lambda d: abstracts[d]["title"]) if titled_sentences else (lambda d: "")
@@ -141,6 +143,8 @@ def main() -> None:
     parser.add_argument("--reranker", default=None,
                         help="a trained reranker folder: its passage scores keep passages whole (--margin), as a deployed one does")
     parser.add_argument("--precision", default=None, choices=["fp32", "int8"], help="the reranker's precision (default: the settings')")
+    parser.add_argument("--rerank", action="store_true",
+                        help="with --reranker: compress the reranked top documents (the default where a Reranker is deployed), not hybrid's")
     parser.add_argument("--margin", default=None, help="comma-separated passage margins to sweep ('none': no passage kept whole)")
     parser.add_argument("--held-out", action="store_true",
                         help="with --split train: only the claims the reranker held out from its training")
@@ -151,7 +155,6 @@ def main() -> None:
     embedder = load_embedder(params.embedder)
     dataset = load_beir(args.dataset, "test")
     root = cached_index(dataset, params.index, embedder, params.indexes_dir, stderr_progress())
-    pipeline = Pipeline.open(root, embedder, params.retrieval)
     folder = Path(args.dataset) / "rationales"
     abstracts = {str(json.loads(line)["doc_id"]): json.loads(line) for line in (folder / "corpus_sentences.jsonl").read_text().splitlines()}
     claims = load_claims(folder, args.split)
@@ -162,6 +165,8 @@ def main() -> None:
         parser.error("--scorer cross-encoder needs --reranker DIR")
     if args.held_out and (not args.reranker or args.split != "train"):
         parser.error("--held-out needs --split train and --reranker DIR")
+    if args.rerank and not args.reranker:
+        parser.error("--rerank needs --reranker DIR")
     if args.reranker:
         from llmframe_ray.models.sources import load_reranker
 
@@ -171,13 +176,16 @@ def main() -> None:
             held = held_out_ids(reranker, args.dataset)
             claims = [c for c in claims if str(c["id"]) in held]
             variant += "-heldout"
+        if args.rerank:
+            variant += "-reranked"
+    pipeline = Pipeline.open(root, embedder, params.retrieval, reranker if args.rerank else None, params.rerank)
     claims = claims[: args.limit]
     cache = settings.home / "bench" / f"compression-{args.split}{args.limit or ''}{variant}-{root.name}.pkl"
     if cache.is_file() and not args.fresh:  # scores depend on the index and model only, not on the settings swept
         cases = pickle.loads(cache.read_bytes())
     else:
         cases = gather(pipeline, embedder, claims, abstracts, titled_sentences=not args.no_title, reranker=reranker,
-                       sentences_by_reranker=args.scorer == "cross-encoder")
+                       sentences_by_reranker=args.scorer == "cross-encoder", rerank=args.rerank)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_bytes(pickle.dumps(cases))
     seconds = time.perf_counter() - started
