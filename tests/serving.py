@@ -3,15 +3,39 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 from pathlib import Path
 from typing import Any, Iterator
 
 
+# Ray's worker processes take ports from 10002-19999 (its default min/max_worker_port)
+RAY_WORKER_PORTS = range(10002, 20000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, on every interface, and outside both the range the OS hands out to
+    sockets that ask for any port and Ray's worker ports: a port the OS had picked could be
+    given to one of Ray's own listeners before the app or HAProxy binds it (seen once:
+    "cannot bind socket (Address already in use)" for HAProxy's stats port)."""
+    low, high = _ephemeral_ports()
+    candidates = [p for p in range(20000, 65536) if not low <= p <= high and p not in RAY_WORKER_PORTS]
+    for port in random.sample(candidates, min(200, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port outside the ephemeral and Ray worker ranges")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return low, high
 
 
 def running_replicas(deployment: str, app: str = "llmframe") -> int:
