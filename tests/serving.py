@@ -9,17 +9,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
-# Ray's worker processes take ports from 10002-19999 (its default min/max_worker_port)
-RAY_WORKER_PORTS = range(10002, 20000)
-
-
 def free_port() -> int:
     """A port free now, on every interface, and outside both the range the OS hands out to
     sockets that ask for any port and Ray's worker ports: a port the OS had picked could be
     given to one of Ray's own listeners before the app or HAProxy binds it (seen once:
     "cannot bind socket (Address already in use)" for HAProxy's stats port)."""
     low, high = _ephemeral_ports()
-    candidates = [p for p in range(20000, 65536) if not low <= p <= high and p not in RAY_WORKER_PORTS]
+    # from 20000 up: Ray's worker processes take 10002-19999 (its default min/max_worker_port)
+    candidates = [p for p in range(20000, 65536) if not low <= p <= high]
     for port in random.sample(candidates, min(200, len(candidates))):
         with socket.socket() as s:
             try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.types import Document
+from tests.serving import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -32,12 +32,6 @@ DOCS = [
     Document("part", title="Inventory", text="Part ZQ7731 sits on shelf 14 next to the loading dock."),
     Document("lava", title="Volcanoes", text="Basaltic lava flows erupt from shield volcanoes such as Mauna Loa."),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

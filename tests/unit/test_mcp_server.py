@@ -27,6 +27,7 @@ from llmframe_ray.ingest.build import build_index
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.tools.mcp_server import build_server
 from tests.unit.test_http_api import DOCS as HTTP_DOCS
+from tests.serving import free_port
 from llmframe_ray.tools.schema import (
     ANSWER, QUERY_REWRITES, RETRIEVAL_STRATEGIES, RETRIEVE_CONTEXT, TOOLS, anthropic_tools, openai_tools, request_body,
 )
@@ -38,12 +39,6 @@ WAIT_S = 30.0  # the bound on every wait: a start, a request, a stop
 
 DOCS = HTTP_DOCS[:6]
 QUESTION = "What drives the ocean tides?"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(ready: Callable[[], bool], what: str) -> None:
