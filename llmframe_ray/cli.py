@@ -294,6 +294,7 @@ def train_reranker_command(
     distill_weight: float = typer.Option(0.5, "--distill-weight", min=0.0, max=1.0, help="With --teacher: the soft loss's share."),
     synthetic: bool = typer.Option(False, "--synthetic", help="No judgments: train on pseudo-queries made from the corpus (sentences of its documents); --split is not read."),
     synthetic_queries: int = typer.Option(1000, "--synthetic-queries", min=1, help="With --synthetic: how many pseudo-queries."),
+    rationales: bool = typer.Option(False, "--rationales", help="Also train on the dataset's rationale sentences (rationales/, SciFact's layout): the sentence scores that contextual compression reads."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
     if (dataset is None) == (index is None):
@@ -301,12 +302,13 @@ def train_reranker_command(
     _train_reranker(
         dataset, index, split, out, teacher, synthetic_queries if synthetic else None, epochs=epochs, seed=seed,
         negatives=negatives, max_length=max_length, max_steps=max_steps, layers=layers, distill_weight=distill_weight,
+        rationales=rationales,
     )
 
 
 def _train_reranker(
     dataset: Path | None, index: Path | None, split: str, out: Path, teacher: Path | None,
-    synthetic_queries: int | None, **config: Any,
+    synthetic_queries: int | None, rationales: bool = False, **config: Any,
 ) -> None:
     from llmframe_ray.train.reranker import TrainConfig
     from llmframe_ray.train.run import train_reranker
@@ -317,7 +319,7 @@ def _train_reranker(
         dataset, split, out, TrainConfig(threads=settings.threads, **config), lambda line: typer.echo(line, err=True),
         embedder=params.embedder, index=params.index, indexes_dir=params.indexes_dir,
         retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k, teacher=teacher,
-        synthetic_queries=synthetic_queries, index_dir=index,
+        synthetic_queries=synthetic_queries, index_dir=index, rationales=rationales,
     )
     typer.echo(f"wrote {out}: {card['steps']} steps, {card['data']['groups']} groups")
     for name, figures in (card.get("validation") or {}).items():

@@ -83,6 +83,7 @@ class Group:
     positive: str  # passage text
     negatives: tuple[str, ...]
     teacher: tuple[float, ...] = ()  # a teacher's scores of (positive, *negatives), when distilling
+    kind: str = "passage"  # or "sentence" (train/rationales.py): an optimiser step holds one kind
 
 
 @dataclass
@@ -161,7 +162,8 @@ def train(
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
 
     order_rng = random.Random(config.seed)
-    steps_per_epoch = math.ceil(len(groups) / config.groups_per_step)
+    kinds = sorted({g.kind for g in groups})
+    steps_per_epoch = sum(math.ceil(sum(g.kind == k for g in groups) / config.groups_per_step) for k in kinds)
     total = steps_per_epoch * config.epochs
     if config.max_steps is not None:
         total = min(total, config.max_steps)
@@ -184,12 +186,10 @@ def train(
     model.train()
     step = 0
     for epoch in range(config.epochs):
-        order = list(range(len(groups)))
-        order_rng.shuffle(order)
-        for start in range(0, len(order), config.groups_per_step):
+        for picked in _steps(groups, kinds, config.groups_per_step, order_rng):
             if step >= total:
                 break
-            batch = [groups[i] for i in order[start : start + config.groups_per_step]]
+            batch = [groups[i] for i in picked]
             pairs = [(g.query, p) for g in batch for p in (g.positive, *g.negatives)]
             enc = tokenizer.encode_batch(pairs)
             inputs = {
@@ -252,6 +252,23 @@ def train(
     return report
 
 
+def _steps(groups: Sequence[Group], kinds: Sequence[str], per_step: int, rng: random.Random) -> list[list[int]]:
+    """One epoch's optimiser steps: the groups shuffled, then cut into steps of one kind each
+    (a sentence pair is a quarter of a passage pair's length: mixed, it would be padded to it),
+    the steps of several kinds shuffled together."""
+    order = list(range(len(groups)))
+    rng.shuffle(order)
+    steps = [
+        of_kind[start : start + per_step]
+        for kind in kinds
+        for of_kind in [[i for i in order if groups[i].kind == kind]]
+        for start in range(0, len(of_kind), per_step)
+    ]
+    if len(kinds) > 1:
+        rng.shuffle(steps)
+    return steps
+
+
 def kept_layers(total: int, n: int | None) -> list[int]:
     """Which of `total` layers a model of `n` layers keeps: evenly spaced from the first to the
     last (the last one's output is what the bi-encoder was trained to pool), e.g. 6 -> 2: [0, 5],
@@ -289,6 +306,8 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT, layers
     import torch
     from transformers import AutoModel
     from transformers.modeling_outputs import SequenceClassifierOutput
+
+    from llmframe_ray.train.attention import SEGMENT_GATED, register_segment_gated_attention
 
     register_segment_gated_attention()
 
@@ -340,30 +359,6 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT, layers
             return SequenceClassifierOutput(logits=logits)
 
     return SegmentGatedScorer()
-
-
-SEGMENT_GATED = "llmframe_segment_gated"
-
-
-def segment_gated_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Eager attention whose additive biases come as extra query/key dimensions: `attention_mask`
-    is (query_side [batch, heads, tokens, e], key_side [batch, 1, tokens, e]), and each score is
-    scaling * q . k + query_side_i . key_side_j (mean_pool_classifier)."""
-    import torch
-
-    query_side, key_side = attention_mask
-    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
-    queries = torch.cat([query * scaling, query_side.to(query.dtype)], -1)
-    keys = torch.cat([key, key_side.to(key.dtype).expand(-1, key.size(1), -1, -1)], -1)
-    weights = torch.nn.functional.softmax(torch.matmul(queries, keys.transpose(2, 3)), dim=-1)
-    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
-
-
-def register_segment_gated_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(SEGMENT_GATED, segment_gated_attention)
 
 
 def pair_tokenizer(source: Path, max_length: int | None = None):

@@ -21,6 +21,7 @@ from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.train.distill import check_teacher_split, teacher_card, teacher_scores
 from llmframe_ray.train.synthetic import MAX_WORDS, MIN_WORDS, corpus_of_index, synthetic_dataset, without_sentences
+from llmframe_ray.train.rationales import RATIONALE_POOL_DEPTH, load_rationales, sentence_groups
 from llmframe_ray.train.reranker import Log, TrainConfig, build_groups, split_queries, train
 from llmframe_ray.types import Hit, SearchMode
 
@@ -91,13 +92,16 @@ def train_reranker(
     teacher: Path | None = None,
     synthetic_queries: int | None = None,
     index_dir: Path | None = None,
+    rationales: bool = False,
 ) -> dict:
     """Train a reranker on `split` of a BEIR folder; return the model card written. With a
     `teacher` (a reranker folder), its scores of every training pair are soft labels too
     (train/distill.py). With `synthetic_queries`, no judgments are read: that many
     pseudo-queries made from the corpus are the training data (train/synthetic.py), and there
     is no validation (the eval harness on real queries is the measure). `index_dir` instead of
-    a BEIR folder (synthetic only): the documents and the hybrid negatives of that index."""
+    a BEIR folder (synthetic only): the documents and the hybrid negatives of that index. With
+    `rationales`, the gold rationale sentences of the split's claims are training groups too
+    (train/rationales.py)."""
     out_dir = Path(out_dir)
     positives = None
     if index_dir is not None and synthetic_queries is None:
@@ -125,6 +129,14 @@ def train_reranker(
     groups = build_groups(dataset, train_ids, candidates, config)
     if positives is not None:
         groups = without_sentences(groups, positives)
+    sentences = []
+    if rationales:
+        if synthetic_queries is not None:
+            raise DatasetError("--rationales reads the dataset's rationale sentences; pseudo-queries have none")
+        sentences = sentence_groups(load_rationales(dataset_dir, split), train_ids, candidates, config)
+        log(f"rationale sentences: {len(sentences)} groups (1 gold sentence + {config.negatives} others of the "
+            f"claim's top {RATIONALE_POOL_DEPTH} and cited documents)")
+        groups = [*groups, *sentences]
     if teacher is not None:
         groups = teacher_scores(teacher, groups, config.threads, log)
         teacher_info = teacher_card(teacher)
@@ -141,6 +153,7 @@ def train_reranker(
             "train_queries": len(train_ids),
             "validation_queries": len(val_ids),
             "groups": len(groups),
+            **({"rationale_groups": len(sentences)} if rationales else {}),
             "negatives": f"hybrid top {config.mining_depth} minus every document judged for the query",
         },
     }

@@ -110,6 +110,33 @@ def test_training_is_deterministic(trained, dataset_dir, settings, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_rationale_sentences_train_beside_the_passages(dataset_dir, settings, tmp_path):
+    """--rationales: one more group per gold sentence of the training claims; the held-out
+    claims stay out of both kinds."""
+    import shutil
+
+    root = tmp_path / "with-rationales"
+    shutil.copytree(dataset_dir, root)
+    (root / "rationales").mkdir()
+    (root / "rationales" / "corpus_sentences.jsonl").write_text("".join(
+        json.dumps({"doc_id": k, "title": k.title(), "abstract": [v, f"This note on {k} has a second sentence."]}) + "\n"
+        for k, v in TOPICS.items()
+    ))
+    (root / "rationales" / "claims_train.jsonl").write_text("".join(
+        json.dumps({"id": q, "claim": t, "evidence": {d: [{"sentences": [0], "label": "SUPPORT"}]}}) + "\n"
+        for q, (t, d) in QUESTIONS.items()
+    ))
+    lines = []
+    card = train_reranker(root, "train", tmp_path / "m", CONFIG, lines.append, rationales=True, **train_params(settings))
+    train_ids, _ = split_queries(list(QUESTIONS), CONFIG.validation_fraction, CONFIG.seed)
+    assert card["data"]["rationale_groups"] == len(train_ids)  # one gold sentence per training claim
+    assert card["data"]["groups"] == 2 * len(train_ids)  # and one judged document each
+    assert f"rationale sentences: {len(train_ids)} groups (1 gold sentence + 2 others of the claim's top 5 and cited documents)" in lines
+    with pytest.raises(DatasetError) as missing:
+        train_reranker(dataset_dir, "train", tmp_path / "m2", CONFIG, lambda line: None, rationales=True, **train_params(settings))
+    assert str(missing.value) == f"--rationales needs {dataset_dir / 'rationales' / 'claims_train.jsonl'} (SciFact's rationales/ layout)"
+
+
 def test_refuses_test_split(dataset_dir, settings, tmp_path):
     with pytest.raises(DatasetError, match="refusing to train on test judgments"):
         train_reranker(dataset_dir, "test", tmp_path / "m", CONFIG, lambda line: None, **train_params(settings))
@@ -327,12 +354,12 @@ def test_a_teacher_trained_with_another_hold_out_is_named_in_a_warning():
 
 
 def test_segment_gates_as_extra_dimensions_equal_an_additive_bias():
-    """The gated model's attention (train/reranker.py: segment_gated_attention) adds its biases
+    """The gated model's attention (train/attention.py: segment_gated_attention) adds its biases
     as extra query/key dimensions; the scores, and so the outputs, equal eager attention with
     the same biases added as a (heads x tokens x tokens) tensor."""
     import torch
 
-    from llmframe_ray.train.reranker import segment_gated_attention
+    from llmframe_ray.train.attention import segment_gated_attention
 
     torch.manual_seed(3)
     batch, heads, tokens, dim = 2, 3, 7, 8
