@@ -47,7 +47,7 @@ def load_claims(folder: Path, split: str) -> list[dict]:
 
 
 def gather(pipeline, embedder, claims, abstracts, titled_sentences: bool = True, reranker=None,
-           sentences_by_reranker: bool = False, rerank: bool = False) -> list[dict]:
+           sentences_by_reranker: bool = False, rerank: bool = False, sentence_model=None) -> list[dict]:
     """Per claim: the top documents' sentences, each sentence's model score and lexical
     overlap, and which sentences are gold rationales. A document's sentence vectors do not
     depend on the claim: each retrieved document is embedded once. With `reranker` (a
@@ -55,7 +55,8 @@ def gather(pipeline, embedder, claims, abstracts, titled_sentences: bool = True,
     reads from a deployed reranker), and with `sentences_by_reranker` the sentences' model score
     is the cross-encoder's score of (claim, title + sentence) instead of the cosine. With
     `rerank`, the top documents are the reranked ones (the pipeline's reranker), as a deployed
-    Reranker hands them to the stage by default."""
+    Reranker hands them to the stage by default. `sentence_model` (a CrossEncoder) scores the
+    sentences instead of the reranker."""
     texts = [c["claim"] for c in claims]
     found = pipeline.search_batch(texts, "hybrid", TOP, truncate=True, rerank=rerank)
     kept_hits = [[h for h in hits if h.doc_id in abstracts] for hits in found]
@@ -63,7 +64,7 @@ def gather(pipeline, embedder, claims, abstracts, titled_sentences: bool = True,
     title = (lambda d: abstracts[d]["title"]) if titled_sentences else (lambda d: "")
     if sentences_by_reranker:
         models = [
-            reranker.score(claim["claim"], [compress.scoring_text(title(d), s) for d in docs for s in abstracts[d]["abstract"]]).tolist()
+            (sentence_model or reranker).score(claim["claim"], [compress.scoring_text(title(d), s) for d in docs for s in abstracts[d]["abstract"]]).tolist()
             for claim, docs in zip(claims, docs_of)
         ]
     else:
@@ -97,8 +98,10 @@ def kept_of(case: dict, params) -> list[bool]:
     """The stage's own choice for one claim (retrieve/compress.py), passages kept whole by the
     cross-encoder's passage scores where the case has them."""
     split = case["split"]
-    whole = compress.whole_passages(case.get("passages"), params.passage_margin)
-    return compress.select(split, compress.combined(case["model"], case["overlap"], params, split.owner), params, whole)
+    passages = case.get("passages")
+    whole = compress.whole_passages(passages, params.passage_margin)
+    scores = compress.combined(case["model"], case["overlap"], params, split.owner, passages)
+    return compress.select(split, scores, params, whole, relative=bool(passages))
 
 
 def measure(cases, params) -> tuple[float, float]:
@@ -146,6 +149,11 @@ def main() -> None:
     parser.add_argument("--rerank", action="store_true",
                         help="with --reranker: compress the reranked top documents (the default where a Reranker is deployed), not hybrid's")
     parser.add_argument("--margin", default=None, help="comma-separated passage margins to sweep ('none': no passage kept whole)")
+    parser.add_argument("--relative", default=None,
+                        help="comma-separated relative thresholds to sweep ('none': fill the budget instead), with --reranker")
+    parser.add_argument("--prior", default=None, help="comma-separated passage priors to sweep, with --reranker")
+    parser.add_argument("--sentence-model", default=None,
+                        help="with --scorer cross-encoder: a cross-encoder folder that scores the sentences (default: the reranker)")
     parser.add_argument("--held-out", action="store_true",
                         help="with --split train: only the claims the reranker held out from its training")
     args = parser.parse_args()
@@ -178,6 +186,13 @@ def main() -> None:
             variant += "-heldout"
         if args.rerank:
             variant += "-reranked"
+    sentence_model = None
+    if args.sentence_model:
+        if args.scorer != "cross-encoder":
+            parser.error("--sentence-model needs --scorer cross-encoder")
+        sentence_model = load_reranker(load_settings(reranker_model=args.sentence_model).params().reranker_model,
+                                       precision=args.precision)
+        variant += f"-sentences-{Path(args.sentence_model).name}"
     pipeline = Pipeline.open(root, embedder, params.retrieval, reranker if args.rerank else None, params.rerank)
     claims = claims[: args.limit]
     cache = settings.home / "bench" / f"compression-{args.split}{args.limit or ''}{variant}-{root.name}.pkl"
@@ -185,7 +200,8 @@ def main() -> None:
         cases = pickle.loads(cache.read_bytes())
     else:
         cases = gather(pipeline, embedder, claims, abstracts, titled_sentences=not args.no_title, reranker=reranker,
-                       sentences_by_reranker=args.scorer == "cross-encoder", rerank=args.rerank)
+                       sentences_by_reranker=args.scorer == "cross-encoder", rerank=args.rerank,
+                       sentence_model=sentence_model)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_bytes(pickle.dumps(cases))
     seconds = time.perf_counter() - started
@@ -197,16 +213,21 @@ def main() -> None:
     budgets = [int(b) for b in args.budgets.split(",")]
     swept: dict[str, list] = {name: [float(x) for x in getattr(args, name).split(",")] if getattr(args, name) else [getattr(base, name)]
                               for name in ("lexical", "quota", "passage", "neighbour")}
-    swept["passage_margin"] = [None if x.strip() == "none" else float(x) for x in args.margin.split(",")] if args.margin else [base.passage_margin]
-    print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'margin':>7} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
+    for name, arg in (("passage_margin", args.margin), ("relative", args.relative)):
+        swept[name] = [None if x.strip() == "none" else float(x) for x in arg.split(",")] if arg else [getattr(base, name)]
+    swept["passage_prior"] = [float(x) for x in args.prior.split(",")] if args.prior else [base.passage_prior]
+    print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'margin':>7} {'relative':>8} {'prior':>6} "
+          f"{'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
     curve = []
     for values in itertools.product(*swept.values()):
         setting = dict(zip(swept, values))
         margin = "none" if setting["passage_margin"] is None or reranker is None else f"{setting['passage_margin']:.2f}"
-        for budget in budgets:
+        relative = "none" if setting["relative"] is None or reranker is None else f"{setting['relative']:.2f}"
+        for budget in budgets if relative == "none" else budgets[:1]:  # a relative threshold fills no budget
             kept, tokens = measure(cases, replace(base.with_budget(budget), **setting))
             print(f"{setting['lexical']:>8.2f} {setting['quota']:>6.2f} {setting['passage']:>8.2f} {setting['neighbour']:>9.2f} "
-                  f"{margin:>7} {budget:>7} {kept:>15.4f} {tokens:>12.4f}")
+                  f"{margin:>7} {relative:>8} {setting['passage_prior']:>6.2f} {budget if relative == 'none' else '-':>7} "
+                  f"{kept:>15.4f} {tokens:>12.4f}")
             if all(getattr(base, k) == v for k, v in setting.items()):
                 curve.append((budget, kept, tokens))
     if args.plot and curve:

@@ -251,7 +251,8 @@ class Ranking:
             params.scorer in (compress.Scorer.AUTO, compress.Scorer.LLM) and self.stages.has_reranker
         )
         # the whole passages too, in the same call, where the reranker keeps passages whole
-        passages = [h.passage for h in hits] if params.passage_margin is not None and self.stages.has_reranker else []
+        by_passage = params.passage_margin is not None or params.relative is not None or params.passage_prior
+        passages = [h.passage for h in hits] if by_passage and self.stages.has_reranker else []
         try:
             if use_ce:
                 model = list(await self.stages.rerank_scores(query, texts + passages))
@@ -262,9 +263,12 @@ class Ranking:
         except StageUnavailableError as exc:
             warnings.append(f"contextual compression was skipped: {exc}")
             return hits, None
-        whole = compress.whole_passages(model[len(texts):], params.passage_margin)
-        scores = compress.combined(model[: len(texts)], compress.lexical_overlap(query, split.sentences), params, split.owner)
-        return compress.apply(hits, split, compress.select(split, scores, params, whole)), None
+        passage_scores = model[len(texts):]
+        whole = compress.whole_passages(passage_scores, params.passage_margin)
+        overlap = compress.lexical_overlap(query, split.sentences)
+        scores = compress.combined(model[: len(texts)], overlap, params, split.owner, passage_scores)
+        keep = compress.select(split, scores, params, whole, relative=bool(passage_scores))
+        return compress.apply(hits, split, keep), None
 
     async def _cosines(self, query: str, texts: list[str]) -> list[float]:
         """Each sentence's cosine with the question. Sentence vectors are kept (the last

@@ -72,6 +72,8 @@ class CompressionParams:
     scorer: Scorer = Scorer.AUTO
     passage_margin: float | None = 1.0
     passage_budget_tokens: int | None = 550
+    passage_prior: float = 0.0
+    relative: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scorer", Scorer.from_str(self.scorer))
@@ -79,6 +81,10 @@ class CompressionParams:
             raise ValueError("compression needs a token budget or a score threshold")
         if self.passage_margin is not None and not self.passage_margin >= 0:
             raise ValueError(f"passage_margin must be at least 0, got {self.passage_margin!r}")
+        if self.relative is not None and not self.relative >= 0:
+            raise ValueError(f"relative must be at least 0, got {self.relative!r}")
+        if not self.passage_prior >= 0:
+            raise ValueError(f"passage_prior must be at least 0, got {self.passage_prior!r}")
         if self.passage_budget_tokens is not None and self.passage_budget_tokens < 1:
             raise ValueError(f"passage_budget_tokens must be at least 1, got {self.passage_budget_tokens!r}")
         if self.budget_tokens is not None and self.budget_tokens < 1:
@@ -89,7 +95,7 @@ class CompressionParams:
     def with_budget(self, budget_tokens: int | None, **changes: object) -> CompressionParams:
         """These settings with one budget, whether or not passages are kept whole (a request's),
         and any other `changes` (e.g. its threshold, without which no budget is an error)."""
-        return replace(self, budget_tokens=budget_tokens, passage_budget_tokens=None, **changes)
+        return replace(self, budget_tokens=budget_tokens, passage_budget_tokens=None, relative=None, **changes)
 
     def budget(self, whole: bool) -> int | None:
         """The token budget, with (`whole`) or without passages kept whole; None: no budget."""
@@ -154,12 +160,18 @@ def lexical_overlap(query: str, sentences: Sequence[str]) -> list[float]:
 
 
 def combined(
-    model_scores: Sequence[float], overlap: Sequence[float], params: CompressionParams, owner: Sequence[int] | None = None
+    model_scores: Sequence[float], overlap: Sequence[float], params: CompressionParams, owner: Sequence[int] | None = None,
+    passage_scores: Sequence[float] | None = None,
 ) -> list[float]:
     """Each sentence's score: model + `lexical` x overlap, then (given the sentences' passages)
-    + `passage` x its passage's best such score (a passage that answers the question keeps more
-    of itself) + `neighbour` x the better of its neighbours' (evidence runs over adjacent sentences)."""
+    + `passage_prior` x (its passage's cross-encoder score - the best passage's), where a
+    reranker scored the passages, + `passage` x its passage's best such score (a passage that
+    answers the question keeps more of itself) + `neighbour` x the better of its neighbours'
+    (evidence runs over adjacent sentences)."""
     base = [m + params.lexical * o for m, o in zip(model_scores, overlap)]
+    if owner is not None and passage_scores and params.passage_prior:
+        top = max(passage_scores)
+        base = [b + params.passage_prior * (passage_scores[p] - top) for b, p in zip(base, owner)]
     if owner is None or not (params.passage or params.neighbour):
         return base
     best: dict[int, float] = {}
@@ -180,9 +192,12 @@ def whole_passages(passage_scores: Sequence[float] | None, margin: float | None)
     return frozenset(p for p, score in enumerate(passage_scores) if score >= best - margin)
 
 
-def select(split: Split, scores: Sequence[float], params: CompressionParams, whole: Collection[int] = ()) -> list[bool]:
+def select(split: Split, scores: Sequence[float], params: CompressionParams, whole: Collection[int] = (),
+           relative: bool = False) -> list[bool]:
     """Which sentences to keep (see the module docstring); every sentence of the `whole`
-    passages (`whole_passages`) is kept, whatever the budget."""
+    passages (`whole_passages`) is kept, whatever the budget. `relative` (a reranker scored the
+    passages, and `params.relative` is set): every sentence within `params.relative` of the best
+    one is kept, and no budget is filled."""
     n = len(split.sentences)
     keep = [split.owner[i] in whole for i in range(n)]
     order = sorted(range(n), key=lambda i: (-scores[i], i))
@@ -191,6 +206,10 @@ def select(split: Split, scores: Sequence[float], params: CompressionParams, who
         best.setdefault(split.owner[i], i)
     for i in best.values():
         keep[i] = True
+    if relative and params.relative is not None and n:
+        cut = scores[order[0]] - params.relative
+        return [k or scores[i] >= cut or (params.threshold is not None and scores[i] >= params.threshold)
+                for i, k in enumerate(keep)]
     used: dict[int, int] = {}  # tokens kept per passage before the threshold and the budget
     for p, t, k in zip(split.owner, split.tokens, keep):
         used[p] = used.get(p, 0) + (t if k else 0)

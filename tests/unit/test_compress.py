@@ -4,6 +4,7 @@ vocabulary (retrieve/strategy.py): exact choices on hand-made scores."""
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -86,6 +87,30 @@ def test_the_passage_budget_applies_only_where_passages_are_kept_whole():
     assert select(split, scores, params, whole={1}) == [False, True, False, True, True, True]
 
 
+def test_a_relative_threshold_keeps_what_scores_near_the_best_sentence_and_fills_no_budget():
+    split = Split.of_hits(HITS)
+    scores = [0.1, 0.9, 0.2, 0.5, 0.3, 0.1]
+    params = CompressionParams(budget_tokens=100, relative=0.45)
+    # within 0.45 of Beta (0.9): Delta (0.5); and Zeta, passage b's best; the budget of 100 takes nothing more
+    assert select(split, scores, params, relative=True) == [False, True, False, True, True, False]
+    # without a reranker's passage scores (relative=False) the budget rule applies as before
+    assert select(split, scores, params) == [True] * 6
+    # a request's budget (or threshold) replaces the relative rule
+    assert params.with_budget(8).relative is None
+    assert select(split, scores, params.with_budget(8), relative=True) == [False, True, False, False, True, True]
+    # a configured threshold still keeps what reaches it
+    with_threshold = CompressionParams(budget_tokens=100, relative=0.1, threshold=0.15)
+    assert select(split, scores, with_threshold, relative=True) == [False, True, True, True, True, False]
+
+
+def test_the_passage_prior_lowers_sentences_of_passages_the_reranker_rates_below_the_best():
+    params = CompressionParams(lexical=0.0, passage=0.0, passage_prior=0.5)
+    # passage 1 scores 2.0 below passage 0: its sentences lose 0.5 x 2.0
+    assert combined([0.5, 0.4, 0.9], [0.0] * 3, params, [0, 0, 1], [3.0, 1.0]) == pytest.approx([0.5, 0.4, -0.1])
+    assert combined([0.5, 0.4, 0.9], [0.0] * 3, params, [0, 0, 1], []) == pytest.approx([0.5, 0.4, 0.9])  # no reranker
+    assert combined([0.5, 0.4, 0.9], [0.0] * 3, replace(params, passage_prior=0.0), [0, 0, 1], [3.0, 1.0]) == pytest.approx([0.5, 0.4, 0.9])
+
+
 def test_apply_marks_cuts_and_keeps_ids():
     split = Split.of_hits(HITS)
     kept = apply(HITS, split, [False, True, False, True, True, False])
@@ -109,6 +134,8 @@ def test_scores_combine_model_and_lexical_overlap():
     ({"quota": 1.5}, "quota must be within [0, 1], got 1.5"),
     ({"passage_margin": -0.5}, "passage_margin must be at least 0, got -0.5"),
     ({"passage_budget_tokens": 0}, "passage_budget_tokens must be at least 1, got 0"),
+    ({"relative": -1.0}, "relative must be at least 0, got -1.0"),
+    ({"passage_prior": -0.5}, "passage_prior must be at least 0, got -0.5"),
     ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder, llm"),
 ])
 def test_bad_compression_params(kwargs, message):
