@@ -100,8 +100,9 @@ def kept_of(case: dict, params) -> list[bool]:
     split = case["split"]
     passages = case.get("passages")
     whole = compress.whole_passages(passages, params.passage_margin)
-    scores = compress.combined(case["model"], case["overlap"], params, split.owner, passages)
-    return compress.select(split, scores, params, whole, relative=bool(passages))
+    same_scale = passages if case.get("cross_encoder") else None  # as the stage: cross-encoder sentence scores only
+    scores = compress.combined(case["model"], case["overlap"], params, split.owner, same_scale)
+    return compress.select(split, scores, params, whole, relative=bool(same_scale))
 
 
 def measure(cases, params) -> tuple[float, float]:
@@ -204,6 +205,8 @@ def main() -> None:
                        sentence_model=sentence_model)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_bytes(pickle.dumps(cases))
+    for case in cases:
+        case["cross_encoder"] = args.scorer == "cross-encoder"
     seconds = time.perf_counter() - started
     base = compress.CompressionParams()
     gold = sum(sum(c["gold"]) for c in cases)

@@ -32,8 +32,13 @@ class PipelineSettings(WriteSettings):
     compression_passage_budget_tokens: int = Field(
         550, ge=0, le=1_000_000, validation_alias=_env("COMPRESSION_PASSAGE_BUDGET_TOKENS")
     )
+    # with a reranker deployed: keep every sentence within this of the best one instead of a
+    # budget ("none": the budget), and lower each sentence by this prior x its passage's distance
+    # from the best passage (reranker logits)
+    compression_relative: float | None = Field(None, ge=0, validation_alias=_env("COMPRESSION_RELATIVE"))
+    compression_passage_prior: float = Field(0.0, ge=0, le=100, validation_alias=_env("COMPRESSION_PASSAGE_PRIOR"))
 
-    @field_validator("compression_passage_margin", mode="before")
+    @field_validator("compression_passage_margin", "compression_relative", mode="before")
     @classmethod
     def _margin(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none"):
@@ -60,4 +65,5 @@ class PipelineSettings(WriteSettings):
             budget_tokens=budget, threshold=self.compression_threshold, scorer=self.compression_scorer,
             passage_margin=self.compression_passage_margin,
             passage_budget_tokens=self.compression_passage_budget_tokens or None,
+            relative=self.compression_relative, passage_prior=self.compression_passage_prior,
         )

@@ -266,8 +266,9 @@ class Ranking:
         passage_scores = model[len(texts):]
         whole = compress.whole_passages(passage_scores, params.passage_margin)
         overlap = compress.lexical_overlap(query, split.sentences)
-        scores = compress.combined(model[: len(texts)], overlap, params, split.owner, passage_scores)
-        keep = compress.select(split, scores, params, whole, relative=bool(passage_scores))
+        same_scale = passage_scores if use_ce else []  # the prior and the relative rule: cross-encoder logits only
+        scores = compress.combined(model[: len(texts)], overlap, params, split.owner, same_scale)
+        keep = compress.select(split, scores, params, whole, relative=bool(same_scale))
         return compress.apply(hits, split, keep), None
 
     async def _cosines(self, query: str, texts: list[str]) -> list[float]:

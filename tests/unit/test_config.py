@@ -173,3 +173,18 @@ def test_compression_passage_settings(monkeypatch):
     assert str(err.value) == (
         "invalid configuration: LLMFRAME_COMPRESSION_PASSAGE_MARGIN: Input should be greater than or equal to 0 (got '-2')"
     )
+
+
+def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "4.5")
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_PRIOR", "1.5")
+    compression = load_settings().params().service.compression
+    assert (compression.relative, compression.passage_prior) == (4.5, 1.5)
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "none")
+    assert load_settings().params().service.compression.relative is None
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_PRIOR", "-1")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert str(err.value) == (
+        "invalid configuration: LLMFRAME_COMPRESSION_PASSAGE_PRIOR: Input should be greater than or equal to 0 (got '-1')"
+    )
