@@ -209,6 +209,10 @@ def main() -> None:
         case["cross_encoder"] = args.scorer == "cross-encoder"
     seconds = time.perf_counter() - started
     base = compress.CompressionParams()
+    if reranker is not None and args.scorer == "cross-encoder":  # as the stage does with a deployed reranker
+        base = base.for_reranker(reranker.card)
+        if base.relative is not None:
+            print(f"the reranker was trained on rationale sentences: the relative rule ({base.relative}) by default")
     gold = sum(sum(c["gold"]) for c in cases)
     print(f"machine: {cpu_description()}, {len(claims)} claims ({args.split}), top {TOP} documents, "
           f"{gold} gold rationale sentences retrieved, {sum(len(c['split'].sentences) for c in cases)} sentences; "
@@ -231,8 +235,8 @@ def main() -> None:
             print(f"{setting['lexical']:>8.2f} {setting['quota']:>6.2f} {setting['passage']:>8.2f} {setting['neighbour']:>9.2f} "
                   f"{margin:>7} {relative:>8} {setting['passage_prior']:>6.2f} {budget if relative == 'none' else '-':>7} "
                   f"{kept:>15.4f} {tokens:>12.4f}")
-            if all(getattr(base, k) == v for k, v in setting.items()):
-                curve.append((budget, kept, tokens))
+            if all(getattr(base, k) == v for k, v in setting.items() if k != "relative"):  # the default, by budget or by relative
+                curve.append((budget if relative == "none" else f"rel {relative}", kept, tokens))
     if args.plot and curve:
         plot(curve, args.plot, args.split)
     kept, tokens = measure(cases, base)
@@ -258,14 +262,19 @@ def plot(curve, path: str, split: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([t for _, _, t in curve], [k for _, k, _ in curve], marker="o")
+    for name, series in (("token budget", [c for c in curve if isinstance(c[0], int)]),
+                         ("relative threshold (reranker trained on rationale sentences)", [c for c in curve if isinstance(c[0], str)])):
+        if series:
+            ax.plot([t for _, _, t in series], [k for _, k, _ in series], marker="o", label=name)
+    if len({isinstance(c[0], int) for c in curve}) > 1:
+        ax.legend(fontsize=8, loc="lower right")
     for budget, kept, tokens in curve:
         ax.annotate(str(budget), (tokens, kept), textcoords="offset points", xytext=(4, -10), fontsize=8)
     ax.axhline(0.95, linestyle=":", color="grey")
     ax.axvline(0.40, linestyle=":", color="grey")
     ax.set_xlabel("share of tokens kept (top-5 documents)")
     ax.set_ylabel("share of gold rationale sentences kept")
-    ax.set_title(f"SciFact claims_{split}: point labels are token budgets", fontsize=10)
+    ax.set_title(f"SciFact claims_{split}: point labels are token budgets or relative thresholds", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -33,12 +33,27 @@ class PipelineSettings(WriteSettings):
         550, ge=0, le=1_000_000, validation_alias=_env("COMPRESSION_PASSAGE_BUDGET_TOKENS")
     )
     # with a reranker deployed: keep every sentence within this of the best one instead of a
-    # budget ("none": the budget), and lower each sentence by this prior x its passage's distance
-    # from the best passage (reranker logits)
-    compression_relative: float | None = Field(None, ge=0, validation_alias=_env("COMPRESSION_RELATIVE"))
-    compression_passage_prior: float = Field(0.0, ge=0, le=100, validation_alias=_env("COMPRESSION_PASSAGE_PRIOR"))
+    # budget ("auto": 5.5 where the reranker was trained with --rationales, else the budget;
+    # "none": the budget), and lower each sentence by this prior x its passage's distance from the
+    # best passage (reranker logits)
+    compression_relative: str = Field("auto", validation_alias=_env("COMPRESSION_RELATIVE"))
+    compression_passage_prior: float = Field(1.0, ge=0, le=100, validation_alias=_env("COMPRESSION_PASSAGE_PRIOR"))
 
-    @field_validator("compression_passage_margin", "compression_relative", mode="before")
+    @field_validator("compression_relative", mode="before")
+    @classmethod
+    def _relative(cls, value: object) -> object:
+        text = str(value).strip().lower()
+        if text in ("auto", "none"):
+            return text
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError("should be auto, none or a number of at least 0") from None
+        if not number >= 0:
+            raise ValueError("should be auto, none or a number of at least 0")
+        return str(number)
+
+    @field_validator("compression_passage_margin", mode="before")
     @classmethod
     def _margin(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none"):
@@ -65,5 +80,12 @@ class PipelineSettings(WriteSettings):
             budget_tokens=budget, threshold=self.compression_threshold, scorer=self.compression_scorer,
             passage_margin=self.compression_passage_margin,
             passage_budget_tokens=self.compression_passage_budget_tokens or None,
-            relative=self.compression_relative, passage_prior=self.compression_passage_prior,
+            passage_prior=self.compression_passage_prior, **self._relative_params(),
         )
+
+    def _relative_params(self) -> dict[str, float | None]:
+        if self.compression_relative == "auto":
+            return {}  # CompressionParams' defaults: by the reranker's card
+        if self.compression_relative == "none":
+            return {"relative": None, "rationale_relative": None}
+        return {"relative": float(self.compression_relative), "rationale_relative": None}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import numpy as np
 
@@ -100,6 +100,9 @@ class LocalStages:
         async with self._lock:
             scores = await asyncio.to_thread(self.reranker.score, query, passages)
         return [float(s) for s in scores]
+
+    async def rerank_card(self) -> Mapping[str, Any]:
+        return dict(getattr(self.reranker, "card", None) or {})
 
     async def rerank_similarity(self, version: str) -> float | None:
         return await asyncio.to_thread(shards_similarity, getattr(self.reranker, "card", {}), self.pipeline.shards)

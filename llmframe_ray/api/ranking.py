@@ -14,7 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from llmframe_ray.api.failures import FieldError, StageUnavailableError
 from llmframe_ray.api.params import ServiceParams
@@ -93,6 +93,7 @@ class Ranking:
         self.stages = stages
         self.params = params
         self._rerank_weights: dict[str, float] = {}  # by index version
+        self._card: dict[str, Any] | None = None  # the deployed reranker's model card, once asked
         self._sentence_vectors: OrderedDict[str, Any] = OrderedDict()  # sentence text -> unit vector
 
     async def ranked(self, ask: Ask) -> Ranked:
@@ -230,6 +231,11 @@ class Ranking:
     async def _compress(self, query: str, hits: list[Hit], ask: Ask, warnings: list[str]) -> tuple[list[Hit], Usage | None]:
         """The hits cut to the sentences that matter, and the LLM's tokens when it chose them."""
         params = self.params.compression
+        use_ce = params.scorer is compress.Scorer.CROSS_ENCODER or (
+            params.scorer in (compress.Scorer.AUTO, compress.Scorer.LLM) and self.stages.has_reranker
+        )
+        if use_ce and self.stages.has_reranker:  # a reranker trained on rationale sentences: the relative rule
+            params = params.for_reranker(await self._reranker_card())
         if ask.threshold is not None:  # the request's threshold, with its budget if it gives one
             params = params.with_budget(ask.budget_tokens, threshold=ask.threshold)
         elif ask.budget_tokens is not None:
@@ -247,11 +253,9 @@ class Ranking:
                 keep, usage = chosen
                 return compress.apply(hits, split, compress.with_one_each(split, keep)), usage
         texts = [compress.scoring_text(hits[p].title, s) for p, s in zip(split.owner, split.sentences)]
-        use_ce = params.scorer is compress.Scorer.CROSS_ENCODER or (
-            params.scorer in (compress.Scorer.AUTO, compress.Scorer.LLM) and self.stages.has_reranker
-        )
         # the whole passages too, in the same call, where the reranker keeps passages whole
-        by_passage = params.passage_margin is not None or params.relative is not None or params.passage_prior
+        # the prior and the relative rule read them beside cross-encoder sentence scores only
+        by_passage = params.passage_margin is not None or (use_ce and (params.relative is not None or params.passage_prior))
         passages = [h.passage for h in hits] if by_passage and self.stages.has_reranker else []
         try:
             if use_ce:
@@ -284,6 +288,17 @@ class Ranking:
         while len(self._sentence_vectors) > SENTENCE_CACHE:
             self._sentence_vectors.popitem(last=False)
         return compress.cosines(vectors[0], [self._sentence_vectors.get(t) for t in texts])
+
+    async def _reranker_card(self) -> Mapping[str, Any]:
+        """The deployed reranker's model card, asked once; empty (asked again next time) when
+        the stage cannot answer."""
+        if self._card is None:
+            try:
+                self._card = dict(await self.stages.rerank_card())
+            except Exception as exc:  # noqa: BLE001 - compression goes on with the plain settings
+                logger.warning("reranker model card: not available (%s)", exc)
+                return {}
+        return self._card
 
     async def _rerank_weight(self, version: str) -> float:
         """The cross-encoder's fusion weight for this index version: set, or by its domain

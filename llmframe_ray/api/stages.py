@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol, Sequence
+from typing import Any, AsyncIterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -42,6 +42,8 @@ class Stages(Protocol):
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]: ...
 
     async def rerank_similarity(self, version: str) -> float | None: ...  # index/domain.py
+
+    async def rerank_card(self) -> Mapping[str, Any]: ...  # the deployed reranker's model card
 
     async def generate(self, messages: list[Message], system: str, max_tokens: int, temperature: float) -> Completion: ...
 

@@ -24,7 +24,7 @@ benchmark (benchmarks/compression.py) calls the same functions.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Collection, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -61,7 +61,16 @@ class CompressionParams:
     the passages within this margin of the best one's score (the reranker's units) are kept
     whole; None: never. `passage_budget_tokens` is then the budget instead of `budget_tokens`
     (None: `budget_tokens`). Both chosen on the 81 claims_train claims that the trained reranker
-    held out from its training (benchmarks/compression.py --held-out), by the same rule."""
+    held out from its training (benchmarks/compression.py --held-out), by the same rule.
+
+    `relative`: where a cross-encoder scores the sentences and the passages, keep every sentence
+    scoring within this of the question's best one (and each passage's best), and fill no
+    budget; its sentences are then compared on their own scores (model + lexical + prior), not
+    their passage's best. `rationale_relative`: the `relative` used where `relative` is unset and
+    the deployed reranker was trained on rationale sentences (`for_reranker`), with no passage
+    kept whole; None: never. `passage_prior`: with the reranker's passage scores, each
+    sentence's score + this x (its passage's score - the best passage's). 5.5 and 1.0 chosen on
+    those 81 claims for a reranker trained with `--rationales`, by the same rule."""
 
     budget_tokens: int | None = 750
     threshold: float | None = None
@@ -72,8 +81,9 @@ class CompressionParams:
     scorer: Scorer = Scorer.AUTO
     passage_margin: float | None = 1.0
     passage_budget_tokens: int | None = 550
-    passage_prior: float = 0.0
+    passage_prior: float = 1.0
     relative: float | None = None
+    rationale_relative: float | None = 5.5
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scorer", Scorer.from_str(self.scorer))
@@ -81,8 +91,9 @@ class CompressionParams:
             raise ValueError("compression needs a token budget or a score threshold")
         if self.passage_margin is not None and not self.passage_margin >= 0:
             raise ValueError(f"passage_margin must be at least 0, got {self.passage_margin!r}")
-        if self.relative is not None and not self.relative >= 0:
-            raise ValueError(f"relative must be at least 0, got {self.relative!r}")
+        for name in ("relative", "rationale_relative"):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be at least 0, got {getattr(self, name)!r}")
         if not self.passage_prior >= 0:
             raise ValueError(f"passage_prior must be at least 0, got {self.passage_prior!r}")
         if self.passage_budget_tokens is not None and self.passage_budget_tokens < 1:
@@ -97,11 +108,26 @@ class CompressionParams:
         and any other `changes` (e.g. its threshold, without which no budget is an error)."""
         return replace(self, budget_tokens=budget_tokens, passage_budget_tokens=None, relative=None, **changes)
 
+    def for_reranker(self, card: Mapping[str, Any]) -> CompressionParams:
+        """These settings for a deployed reranker with this model card: the relative rule at
+        `rationale_relative` (no passage kept whole) where it was trained on rationale sentences
+        and `relative` is unset."""
+        if self.relative is not None or self.rationale_relative is None or not scores_sentences(card):
+            return self
+        return replace(self, relative=self.rationale_relative, passage_margin=None)
+
     def budget(self, whole: bool) -> int | None:
         """The token budget, with (`whole`) or without passages kept whole; None: no budget."""
         if whole and self.budget_tokens is not None and self.passage_budget_tokens is not None:
             return self.passage_budget_tokens
         return self.budget_tokens
+
+
+def scores_sentences(card: Mapping[str, Any]) -> bool:
+    """Whether a reranker's card says it was trained on rationale sentences too (train-reranker
+    --rationales), so its score of a single sentence means what compression asks."""
+    data = card.get("data") if isinstance(card, Mapping) else None
+    return isinstance(data, Mapping) and bool(data.get("rationale_groups"))
 
 
 @dataclass(frozen=True)
@@ -167,12 +193,13 @@ def combined(
     + `passage_prior` x (its passage's cross-encoder score - the best passage's), where a
     reranker scored the passages, + `passage` x its passage's best such score (a passage that
     answers the question keeps more of itself) + `neighbour` x the better of its neighbours'
-    (evidence runs over adjacent sentences)."""
+    (evidence runs over adjacent sentences); these last two not under the relative rule."""
     base = [m + params.lexical * o for m, o in zip(model_scores, overlap)]
     if owner is not None and passage_scores and params.passage_prior:
         top = max(passage_scores)
         base = [b + params.passage_prior * (passage_scores[p] - top) for b, p in zip(base, owner)]
-    if owner is None or not (params.passage or params.neighbour):
+    relative_rule = bool(passage_scores) and params.relative is not None  # sentences on their own scores
+    if owner is None or relative_rule or not (params.passage or params.neighbour):
         return base
     best: dict[int, float] = {}
     for p, score in zip(owner, base):

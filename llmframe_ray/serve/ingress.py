@@ -106,6 +106,9 @@ class ServeStages:
     async def rerank_scores(self, query: str, passages: list[str]) -> list[float]:
         return await self._call("reranker", lambda: self.reranker.score.remote(query, passages))
 
+    async def rerank_card(self) -> Mapping[str, Any]:
+        return await self._call("reranker", lambda: self.reranker.card.remote())
+
     async def rerank_similarity(self, version: str) -> float | None:
         """The Reranker's card against the version's centroid (the Retriever reads it from disk)."""
         card = await self._call("reranker", lambda: self.reranker.card.remote())

@@ -291,6 +291,10 @@ def test_passages_the_reranker_rates_near_the_best_stay_whole(index_dir, embedde
         assert len(kept[2]) == 1  # 0.0: its best sentence only
 
 
+def compressed_pieces(hits):
+    return [[piece.strip() for piece in h["text"].split("...") if piece.strip()] for h in hits]
+
+
 def test_with_a_relative_threshold_compression_keeps_what_scores_near_the_best_after_the_passage_prior(index_dir, embedder):
     """LLMFRAME_COMPRESSION_RELATIVE and ..._PASSAGE_PRIOR with a cross-encoder's scores (a
     stand-in): each sentence loses the prior x its passage's distance from the best passage, and
@@ -298,7 +302,7 @@ def test_with_a_relative_threshold_compression_keeps_what_scores_near_the_best_a
     query = "When did astronauts walk on the Moon?"
     settings = load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, api_secret_key=KEY,
                              compression_scorer="cross-encoder", compression_passage_margin="none",
-                             compression_relative=3.5, compression_budget_tokens=1)
+                             compression_relative="2.5", compression_budget_tokens=1)
     pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
     hybrid = pipeline.search(query, "hybrid", 3)
     first, second = sentences(hybrid[0].text), sentences(hybrid[1].text)
@@ -308,9 +312,9 @@ def test_with_a_relative_threshold_compression_keeps_what_scores_near_the_best_a
         hybrid[1].passage: 3.0, hybrid[0].passage: 1.0, hybrid[2].passage: 0.0,
         texts(hybrid[1], second[0]): 5.0, texts(hybrid[0], first[0]): 4.5, texts(hybrid[0], first[1]): 4.0,
     }
-    # final score = model + 0.3 x overlap + prior x (passage - 3.0), + that passage's best (passage=1.0):
-    # second[0] 10.0 is the best (cut 6.5, at most 7.1 with overlap). Prior 1: first[0] 2.5 + 2.5,
-    # first[1] 2.0 + 2.5 = 4.5 dropped. Prior 0: first[1] 4.0 + 4.5 = 8.5 kept.
+    # score = model + 0.3 x overlap + prior x (passage - 3.0) (not + the passage's best under this rule):
+    # second[0] 5.0 is the best (cut 2.5, at most 2.8 with overlap). Prior 1: first[0] 2.5, its
+    # passage's best, kept; first[1] 2.0 dropped. Prior 0: first[1] 4.0 kept.
     for prior, first_kept in ((1.0, first[:1]), (0.0, first[:2])):
         reranker = PassageReranker(scores)
         stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=reranker)
@@ -318,8 +322,39 @@ def test_with_a_relative_threshold_compression_keeps_what_scores_near_the_best_a
         with TestClient(create_app(service, ApiKeys.from_settings(settings))) as c:
             found = search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"]
             budgeted = search(c, query=query, top_k=3, retrieval_strategy="compressed", compression_budget_tokens=1)["hits"]
-        kept = [[s.strip() for s in h["text"].split("...") if s.strip()] for h in found]
+        kept = compressed_pieces(found)
         assert kept[0] == [" ".join(first_kept)] and kept[1] == second and len(kept[2]) == 1  # adjacent: one piece
         assert len(reranker.asked) == 2 and reranker.asked[0][-3:] == [h.passage for h in hybrid]
         # a request's budget replaces the relative rule: one token keeps each passage's best sentence
-        assert [[s.strip() for s in h["text"].split("...") if s.strip()] for h in budgeted][:2] == [first[:1], second]
+        assert compressed_pieces(budgeted)[:2] == [first[:1], second]
+
+
+@pytest.mark.parametrize("trained_on_sentences", [True, False])
+def test_a_reranker_trained_on_rationale_sentences_gets_the_relative_rule_by_default(index_dir, embedder, trained_on_sentences):
+    """LLMFRAME_COMPRESSION_RELATIVE=auto (the default): the relative rule (5.5, no passage kept
+    whole) where the reranker's card says it was trained with --rationales; the passage margin
+    and the budget otherwise."""
+    query = "When did astronauts walk on the Moon?"
+    settings = load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, api_secret_key=KEY,
+                             compression_budget_tokens=1, compression_passage_budget_tokens=1)
+    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
+    hybrid = pipeline.search(query, "hybrid", 3)
+    first, second = sentences(hybrid[0].text), sentences(hybrid[1].text)
+    assert len(first) >= 3 and len(second) == 1
+    texts = lambda h, s: f"{h.title}\n{s}" if h.title else s
+    reranker = PassageReranker({
+        hybrid[1].passage: 3.0, hybrid[0].passage: 1.0, hybrid[2].passage: 0.0,
+        texts(hybrid[1], second[0]): 5.0, texts(hybrid[0], first[0]): 4.5, texts(hybrid[0], first[1]): 4.0,
+        texts(hybrid[0], first[2]): -1.0,
+    })
+    reranker.card = {"name": "stand-in", "data": {"rationale_groups": 935}} if trained_on_sentences else {"name": "stand-in", "data": {}}
+    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=reranker)
+    with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
+        kept = compressed_pieces(search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"])
+    if trained_on_sentences:
+        # prior 1.0: first[0] 2.5, first[1] 2.0 within 5.5 of second[0] (5.0); first[2] -3.0 is not
+        assert kept[0] == [" ".join(first[:2])] and kept[1] == second
+    else:
+        # margin 1.0: only hybrid[1] (3.0) is whole; the budget of one token adds nothing to the bests
+        assert kept[0] == first[:1] and kept[1] == second
+    assert len(kept[2]) == 1

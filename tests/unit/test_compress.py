@@ -17,6 +17,7 @@ from llmframe_ray.retrieve.compress import (
     cosines,
     lexical_overlap,
     scoring_text,
+    scores_sentences,
     select,
     whole_passages,
 )
@@ -109,6 +110,22 @@ def test_the_passage_prior_lowers_sentences_of_passages_the_reranker_rates_below
     assert combined([0.5, 0.4, 0.9], [0.0] * 3, params, [0, 0, 1], [3.0, 1.0]) == pytest.approx([0.5, 0.4, -0.1])
     assert combined([0.5, 0.4, 0.9], [0.0] * 3, params, [0, 0, 1], []) == pytest.approx([0.5, 0.4, 0.9])  # no reranker
     assert combined([0.5, 0.4, 0.9], [0.0] * 3, replace(params, passage_prior=0.0), [0, 0, 1], [3.0, 1.0]) == pytest.approx([0.5, 0.4, 0.9])
+
+
+def test_a_reranker_trained_on_rationale_sentences_switches_to_the_relative_rule():
+    sentences_card = {"data": {"dataset": "scifact", "rationale_groups": 935}}
+    assert scores_sentences(sentences_card) and not scores_sentences({"data": {"groups": 9}}) and not scores_sentences({})
+    params = CompressionParams()
+    assert (params.relative, params.rationale_relative, params.passage_margin) == (None, 5.5, 1.0)
+    assert params.for_reranker({"data": {}}) == params
+    switched = params.for_reranker(sentences_card)
+    assert (switched.relative, switched.passage_margin) == (5.5, None)
+    assert CompressionParams(relative=2.0).for_reranker(sentences_card).relative == 2.0  # a set one stays
+    assert CompressionParams(rationale_relative=None).for_reranker(sentences_card).relative is None
+    # under the relative rule a sentence is scored on its own (with the prior), not its passage's best
+    ruled = replace(switched, lexical=0.0)
+    assert combined([2.0, 1.0, 0.5], [0.0] * 3, ruled, [0, 0, 1], [1.0, 0.0]) == pytest.approx([2.0, 1.0, -0.5])
+    assert combined([2.0, 1.0, 0.5], [0.0] * 3, replace(params, lexical=0.0), [0, 0, 1], [1.0, 0.0]) == pytest.approx([4.0, 3.0, -1.0])
 
 
 def test_apply_marks_cuts_and_keeps_ids():

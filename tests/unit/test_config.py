@@ -176,12 +176,22 @@ def test_compression_passage_settings(monkeypatch):
 
 
 def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
+    compression = load_settings().params().service.compression  # auto: by the reranker's card
+    assert (compression.relative, compression.rationale_relative, compression.passage_prior) == (None, 5.5, 1.0)
     monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "4.5")
     monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_PRIOR", "1.5")
     compression = load_settings().params().service.compression
-    assert (compression.relative, compression.passage_prior) == (4.5, 1.5)
-    monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "none")
-    assert load_settings().params().service.compression.relative is None
+    assert (compression.relative, compression.rationale_relative, compression.passage_prior) == (4.5, None, 1.5)
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "None")
+    compression = load_settings().params().service.compression
+    assert (compression.relative, compression.rationale_relative) == (None, None)
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "-1")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert str(err.value) == (
+        "invalid configuration: LLMFRAME_COMPRESSION_RELATIVE: should be auto, none or a number of at least 0 (got '-1')"
+    )
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "auto")
     monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_PRIOR", "-1")
     with pytest.raises(ConfigError) as err:
         load_settings()
