@@ -217,6 +217,13 @@ class SparseIndex:
             raise ValueError("queries must be a sequence of strings, not one string")
         return [self.top_of_terms(self.analyzer.terms(query), k, allowed) for query in queries]
 
+    def postings(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, Mapping[str, int]]:
+        """The score matrix as CSC arrays (data, row indices, column pointers; one column per
+        term) and the vocabulary (term -> column), as `top_of_terms` reads them."""
+        matrix = self._bm25.scores
+        data, indices, indptr = (np.asarray(matrix[key]) for key in ("data", "indices", "indptr"))
+        return data, indices, indptr, MappingProxyType(self._bm25.vocab_dict)
+
     def top_of_terms(
         self, terms: Sequence[str], k: int, allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -7,12 +7,17 @@ becomes a candidate to rescore. Searched together, the shards share one prefilte
 (index/prefilter.py, made on first use and kept while the shards are loaded): their codes are
 scanned in one pass and cut at one threshold, the k-th best lower bound over all their rows,
 which leaves as many candidates as one index of their combined size would, at the cost of one
-scan. BM25 analyses the query once for all shards.
+scan. BM25 analyses the query once for all shards and, for groups of up to JOINT_BM25_ROWS
+rows, reads one set of postings over all of them (`_Group.postings`).
 
 The answer is the same as merging each shard's own top k and keeping k (candidates.py order
-rules: score desc, then document key, row, shard): within a shard those rules order rows as
-the shard does (rows are stored in document order), so the best k overall are, shard by shard,
-a prefix of that shard's own top k.
+rules: score desc, then document key, row, shard). A group numbers its rows in that order of
+ties (`_Group`: position p is the p-th row by (document key, row, shard)), so ordering by
+(score desc, position asc) is the order rules themselves: the best k come out merged, with no
+per-shard lists to merge. Where a group is not used (a filtered dense search, indexes that are
+not flat, larger groups' BM25), each shard answers and the answers are merged (`_merged`):
+within a shard the order rules order rows as the shard does (rows are stored in document
+order), so the best k overall are, shard by shard, a prefix of that shard's own top k.
 """
 
 from __future__ import annotations
@@ -26,10 +31,17 @@ from llmframe_ray.index import prefilter
 from llmframe_ray.index.dense import DenseIndex
 from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.shard import IndexShard
+from llmframe_ray.index.sparse_top import bm25_top
 from llmframe_ray.retrieve.candidates import ShardAnswer, concat_keys
 
 # (shard id, shard) pairs; None for a shard left empty in this version
 Held = Sequence[tuple[int, IndexShard | None]]
+Live = list[tuple[int, IndexShard]]
+
+# Above this many rows a group's BM25 runs shard by shard: its joint postings would be a
+# second copy of every shard's, and take seconds to make on first use.
+JOINT_BM25_ROWS = 200_000
+_NO_MASK = np.zeros(0, dtype=np.bool_)
 
 
 def search_together(shards: Held, bm25: bool, inputs: Any, k: int, where: Filter | None = None) -> ShardAnswer:
@@ -41,19 +53,93 @@ def search_together(shards: Held, bm25: bool, inputs: Any, k: int, where: Filter
         return ShardAnswer.empty(n_queries)
     k = min(k, sum(len(shard) for _, shard in live))
     if bm25:
-        per_query = _bm25(live, list(inputs), k, where)
+        found = _bm25(live, list(inputs), k, where)
     else:
-        per_query = _dense(live, np.ascontiguousarray(inputs, dtype=np.float32), k, where)
-    parts = [_merged(live, found, k) for found in per_query]
+        found = _dense(live, np.ascontiguousarray(inputs, dtype=np.float32), k, where)
+    if isinstance(found, tuple):  # positions of the group, already in order
+        group, per_query = found
+        parts = [(group.shard[p], group.row[p], scores, group.keys[p]) for p, scores in per_query]
+    else:
+        parts = [_merged(live, answers, k) for answers in found]
     offsets = np.zeros(n_queries + 1, dtype=np.int64)
     np.cumsum([len(p[0]) for p in parts], out=offsets[1:])
     return ShardAnswer(
         rows=np.concatenate([p[1] for p in parts]),
-        scores=np.concatenate([p[2] for p in parts]),
+        scores=np.concatenate([np.asarray(p[2], dtype=np.float32) for p in parts]),
         doc_keys=concat_keys([p[3] for p in parts]),
         offsets=offsets,
         shards=np.concatenate([p[0] for p in parts]),
     )
+
+
+class _Group:
+    """Live shards numbered as one index. `offsets`: where each shard's rows start when they
+    are numbered shard after shard (the shared prefilter's numbering); `position` maps that
+    numbering to the group's, in which rows follow the order rules' ties (document key, row,
+    shard id); `shard`, `row` and `keys` give each position's shard id, row and document key."""
+
+    def __init__(self, live: Live) -> None:
+        sizes = [len(shard) for _, shard in live]
+        self.ids = [i for i, _ in live]
+        self.offsets = np.cumsum([0, *sizes], dtype=np.int64)
+        ids = np.repeat(np.asarray([i for i, _ in live], dtype=np.int64), sizes)
+        rows = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes])
+        keys = concat_keys([shard.store.doc_keys_of(np.arange(n)) for (_, shard), n in zip(live, sizes)])
+        order = np.lexsort((ids, rows, keys))
+        self.shard, self.row, self.keys = ids[order], rows[order], keys[order]
+        self.position = np.empty(len(order), dtype=np.int64)
+        self.position[order] = np.arange(len(order), dtype=np.int64)
+        self._postings: tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+    def postings(self, live: Live) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+        """The shards' BM25 score matrices as one (CSC over the terms of all of them, rows as
+        positions), made on first use. Every entry is the shard's own, so a row's float32 sum
+        over a query's terms, in the query's order, is the one its shard computes."""
+        if self._postings is None:
+            vocab: dict[str, int] = {}
+            terms, positions, values = [], [], []
+            for (_, shard), start in zip(live, self.offsets.tolist()):
+                data, indices, indptr, own = shard.sparse.postings()
+                column = np.empty(len(indptr) - 1, dtype=np.int64)
+                for term, c in own.items():
+                    column[c] = vocab.setdefault(term, len(vocab))
+                terms.append(np.repeat(column, np.diff(indptr)))
+                positions.append(self.position[start + np.asarray(indices, dtype=np.int64)])
+                values.append(np.asarray(data, dtype=np.float32))
+            term, where, value = np.concatenate(terms), np.concatenate(positions), np.concatenate(values)
+            order = np.lexsort((where, term))
+            pointers = np.zeros(len(vocab) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(term, minlength=len(vocab)), out=pointers[1:])
+            self._postings = (value[order], where[order], pointers, vocab)
+        return self._postings
+
+    def mask(self, masks: Sequence[np.ndarray | None]) -> np.ndarray:
+        """The shards' row masks (None: every row) over the group's positions."""
+        if all(m is None for m in masks):
+            return _NO_MASK
+        allowed = np.ones(len(self), dtype=np.bool_)
+        for m, start, end in zip(masks, self.offsets[:-1].tolist(), self.offsets[1:].tolist()):
+            if m is not None:
+                allowed[self.position[start:end]] = m
+        return allowed
+
+
+# first live shard of a group -> (references to the group's shards, the group)
+_GROUPS: weakref.WeakKeyDictionary[IndexShard, tuple[tuple[weakref.ref, ...], _Group]] = weakref.WeakKeyDictionary()
+
+
+def _group(live: Live) -> _Group:
+    """The group of these live shards (ids and shards), made on first use and kept while the
+    shards live. Two threads making it at once is harmless."""
+    kept = _GROUPS.get(live[0][1])
+    if kept is None or kept[1].ids != [i for i, _ in live] or len(kept[0]) != len(live) \
+            or any(ref() is not s for ref, (_, s) in zip(kept[0], live)):
+        kept = (tuple(weakref.ref(s) for _, s in live), _Group(live))
+        _GROUPS[live[0][1]] = kept
+    return kept[1]
 
 
 def _merged(
@@ -75,25 +161,37 @@ def _merged(
     return shard[order], rows[order], scores[order], keys[order]
 
 
-def _bm25(
-    live: list[tuple[int, IndexShard]], queries: list[str], k: int, where: Filter | None
-) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+Found = list[list[tuple[np.ndarray, np.ndarray]]] | tuple[_Group, list[tuple[np.ndarray, np.ndarray]]]
+
+
+def _bm25(live: Live, queries: list[str], k: int, where: Filter | None) -> Found:
+    """Per query, each shard's (rows, scores); or, where the shards share an analyzer and the
+    group is small enough, the group and per query its best k (positions, scores) in order."""
     allowed = [None if where is None else shard.store.row_mask(where) for _, shard in live]
     analyzers = [shard.sparse.analyzer for _, shard in live]
     same = all(a.key == analyzers[0].key for a in analyzers)
-    out = []
+    if same and sum(len(shard) for _, shard in live) <= JOINT_BM25_ROWS:
+        group = _group(live)
+        data, positions, pointers, vocab = group.postings(live)
+        mask = group.mask(allowed)
+        out = []
+        for query in queries:
+            ids = np.asarray([vocab[t] for t in analyzers[0].terms(query) if t in vocab], dtype=np.int64)
+            out.append(bm25_top(data, positions, pointers, len(group), ids, k, mask))
+        return group, out
+    found = []
     for query in queries:
         terms = analyzers[0].terms(query) if same else None
-        out.append([
+        found.append([
             shard.sparse.top_of_terms(terms if same else shard.sparse.analyzer.terms(query), k, mask)
             for (_, shard), mask in zip(live, allowed)
         ])
-    return out
+    return found
 
 
-def _dense(
-    live: list[tuple[int, IndexShard]], vectors: np.ndarray, k: int, where: Filter | None
-) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+def _dense(live: Live, vectors: np.ndarray, k: int, where: Filter | None) -> Found:
+    """Per query, each shard's (rows, scores); or, through the shards' shared prefilter, the
+    group and per query its best k (positions, scores) in order."""
     total = sum(len(shard) for _, shard in live)
     filtered = where is not None and any(shard.store.row_mask(where) is not None for _, shard in live)
     codes = None
@@ -102,17 +200,17 @@ def _dense(
     if codes is None:  # each shard on its own (a filter scores only the rows it selects)
         per_shard = [shard.search_dense_arrays(vectors, min(k, len(shard)), where) for _, shard in live]
         return [[answers[q] for answers in per_shard] for q in range(len(vectors))]
+    group = _group(live)
     out = []
     for query in vectors:
         center, bound = codes.bounds(query)
         threshold = np.partition(center - bound, total - k)[total - k]
-        rows = np.flatnonzero(center + bound >= threshold).astype(np.int64)
+        rows = np.flatnonzero(center + bound >= threshold).astype(np.int64)  # numbered shard after shard
         scores = codes.rescore(query, rows)
-        cuts = np.searchsorted(rows, codes.offsets).tolist()
-        out.append([
-            (rows[cuts[i] : cuts[i + 1]] - codes.offsets[i], scores[cuts[i] : cuts[i + 1]]) for i in range(len(live))
-        ])
-    return out
+        positions = group.position[rows]
+        best = np.lexsort((positions, -scores.astype(np.float64)))[:k]
+        out.append((positions[best], scores[best]))
+    return group, out
 
 
 # first dense index of a group -> (references to the group's dense indexes, their prefilter)

@@ -128,3 +128,60 @@ def test_a_group_makes_its_shared_prefilter_once_and_lets_it_go_with_its_shards(
     del group
     gc.collect()
     assert [ref() for ref in firsts] == [None, None] and len(joint._SHARED) == kept - 2
+
+
+def test_the_group_numbers_rows_in_the_order_rules_ties(shards):
+    held = list(enumerate(share_document_keys([s.store for s in shards])))
+    held = [(i, replace(shards[i], store=store)) for i, store in held]
+    group = joint._group(held)
+    assert len(group) == sum(len(s) for s in shards)
+    ties = list(zip(group.keys.tolist(), group.row.tolist(), group.shard.tolist()))
+    assert ties == sorted(ties) and len(set(ties)) == len(ties)
+    for i, (_, shard) in enumerate(held):  # position maps each shard's rows back to themselves
+        at = group.position[group.offsets[i] : group.offsets[i + 1]]
+        assert group.shard[at].tolist() == [i] * len(shard) and group.row[at].tolist() == list(range(len(shard)))
+
+
+def test_bm25_over_the_group_equals_bm25_shard_by_shard(shards, monkeypatch):
+    held = list(enumerate(shards))
+    queries = ["moon", "tide tide ocean", "salt wind rain sand", "nothing here"]
+    grouped = search_together(held, True, queries, 60)
+    monkeypatch.setattr(joint, "JOINT_BM25_ROWS", 0)  # as a group too large for joint postings
+    one_by_one = search_together(held, True, queries, 60)
+    for name in ("rows", "shards", "doc_keys", "offsets"):
+        assert getattr(grouped, name).tolist() == getattr(one_by_one, name).tolist()
+    assert grouped.scores.tobytes() == one_by_one.scores.tobytes()
+
+
+def test_joint_postings_hold_terms_that_only_some_shards_have(tmp_path):
+    texts = ["zebra moon", "moon", "tide", "zebra zebra tide", "ocean", "moon tide", "lava", "ice moon"]
+    chunks = [Chunk(f"c{d}", f"doc{d}", 0, text) for d, text in enumerate(texts)]
+    vectors = np.eye(len(texts), DIM, dtype=np.float32)
+    directory = IndexDirectory(tmp_path / "index")
+    publish_shards(directory, chunks, vectors, load_settings().params().index,
+                   {"name": "random", "provider": "test", "dim": DIM, "max_length": 64}, shards=3)
+    loaded = directory.load().shards
+    held = list(enumerate(loaded))
+    assert {i for i, s in held if "zebra" in s.sparse.postings()[3]} != {i for i, _ in held}  # not in every shard
+    queries = ["zebra", "zebra moon moon", "tide ocean", "unknown"]
+    answer = search_together(held, True, queries, 5)
+    same(answer, per_shard_merge(held, Ranker.BM25, queries, 5))
+    assert sorted(key for _, _, key in answer.as_lists()[0]) == ["doc0", "doc3"]
+
+
+def test_a_group_is_made_once_and_let_go_with_its_shards(shards, monkeypatch):
+    made = []
+    real = joint._Group
+    monkeypatch.setattr(joint, "_Group", lambda live: made.append(len(live)) or real(live))
+    group = [replace(s) for s in shards]  # new shard objects: a group of their own
+    held = list(enumerate(group))
+    first = search_together(held, True, ["moon tide"], 10)
+    again = search_together(held, True, ["moon tide"], 10)
+    assert made == [len(shards)] and again.rows.tolist() == first.rows.tolist()
+    search_together(list(enumerate(group[::-1])), True, ["moon tide"], 10)  # the same shards as other ids
+    assert made == [len(shards), len(shards)]
+    ref = weakref.ref(group[-1])
+    assert ref() in joint._GROUPS
+    del group, held
+    gc.collect()
+    assert ref() is None
