@@ -22,7 +22,7 @@ from llmframe_ray.index.store import share_document_keys
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.cross_encoder import CrossEncoder
 from llmframe_ray.models.embedder import Embedder, check_query_text
-from llmframe_ray.retrieve.joint import search_together
+from llmframe_ray.retrieve.joint import prepare as prepare_together, search_together
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.facts import ShardFacts, bm25_consistency_problem
 from llmframe_ray.retrieve.drive import DirectCalls, run_plan
@@ -50,6 +50,7 @@ class Pipeline:
         prepared = [self.retrieval.prepare(s) for s in shards]
         keyed = share_document_keys([s.store for s in prepared])
         self.shards = [replace(shard, store=store) for shard, store in zip(prepared, keyed)]
+        prepare_together(list(enumerate(self.shards)))  # first_stage searches them as one
         self.embedder = embedder
         self.reranker = reranker
         self.graph: Any = None  # a GraphSearch (graph/search.py) for the graph modes: load_graph

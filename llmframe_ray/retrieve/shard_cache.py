@@ -25,7 +25,7 @@ from llmframe_ray.index.store import share_document_keys
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.retrieve.candidates import ShardAnswer
 from llmframe_ray.retrieve.params import RetrievalParams
-from llmframe_ray.retrieve.joint import search_together
+from llmframe_ray.retrieve.joint import prepare as prepare_together, search_together
 from llmframe_ray.retrieve.facts import ShardFacts
 from llmframe_ray.retrieve.plan import Ranker, ReadChunks, Request, SearchGraph, SearchShard, SearchShards, search_shard
 from llmframe_ray.retrieve.strategy import GRAPH_MISSING, StrategyError
@@ -76,6 +76,7 @@ class ShardCache:
             self._graphs[version] = GraphSearch.open(
                 self.index.versions_dir / version, [loaded[n].store for n in live], live, self.params.graph
             )
+        prepare_together([(n, loaded[n]) for n in self.shards])  # searched as one (SearchShards)
         return loaded
 
     def _remember(self, version: str, loaded: Loaded) -> None:

@@ -19,6 +19,7 @@ from llmframe_ray.ingest.build import publish_shards
 from llmframe_ray.retrieve.candidates import merge_parts
 from llmframe_ray.retrieve import joint
 from llmframe_ray.retrieve.joint import search_together
+from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.plan import Ranker, search_shard
 from llmframe_ray.types import Chunk
 
@@ -185,3 +186,26 @@ def test_a_group_is_made_once_and_let_go_with_its_shards(shards, monkeypatch):
     del group, held
     gc.collect()
     assert ref() is None
+
+
+def test_a_pipeline_prepares_its_group_when_it_loads_not_on_the_first_query(shards, monkeypatch):
+    made, built = [], []
+    real_group, real_postings = joint._Group, joint._Group.postings
+    monkeypatch.setattr(joint, "_Group", lambda live: made.append(len(live)) or real_group(live))
+    monkeypatch.setattr(real_group, "postings", lambda self, live: built.append(1) or real_postings(self, live))
+    pipeline = Pipeline([replace(s) for s in shards], None)
+    assert made == [len(shards)] and len(built) == 1
+    group = joint._GROUPS[pipeline.shards[0]][1]
+    assert group._postings is not None  # made, not only asked for
+    prefilter_made = joint._SHARED.get(pipeline.shards[0].dense) is not None
+    assert prefilter_made == (len(group) >= prefilter.MIN_ROWS)
+    hits = pipeline.search("moon tide", "bm25", 5)
+    assert made == [len(shards)] and hits  # the query used the prepared group
+
+
+def test_a_lone_or_empty_shard_prepares_nothing(shards, monkeypatch):
+    made = []
+    monkeypatch.setattr(joint, "_Group", lambda live: made.append(len(live)))
+    joint.prepare([(0, replace(shards[0])), (1, None)])
+    joint.prepare([])
+    assert made == []

@@ -49,3 +49,20 @@ def test_document_keys_are_integers_only_where_one_group_holds_every_shard(tmp_p
     keys = [key for answer in whole for key in answer.doc_keys.tolist()]
     assert sorted(ids) == sorted(f"d{i}" for i in range(12)) == sorted(ids, key=lambda d: keys[ids.index(d)])
     assert all(isinstance(key, int) for key in keys) and sorted(keys) == list(range(12))
+
+
+def test_a_group_of_shards_is_prepared_for_joint_search_as_its_version_loads(tmp_path, embedder):
+    from llmframe_ray.retrieve import joint
+    from llmframe_ray.retrieve.plan import SearchShards
+
+    settings = load_settings()
+    root = tmp_path / "index"
+    docs = [Document(f"d{i}", text=f"a short note about fruit number {i}") for i in range(12)]
+    version = build_index(docs, root, settings.params().index, embedder, shards=3)
+    cache = ShardCache(str(root), [0, 1, 2], settings.params().retrieval)
+    loaded = asyncio.run(cache.version(version))
+    live = [loaded[n] for n in (0, 1, 2) if loaded[n] is not None]
+    group = joint._GROUPS[live[0]][1]
+    assert group._postings is not None and len(group) == 12  # made at load, before any query
+    (answer,) = asyncio.run(cache.answer(version, [SearchShards(Ranker.BM25, (0, 1, 2), ["fruit"], 20)]))
+    assert joint._GROUPS[live[0]][1] is group and sorted(answer.doc_keys.tolist()) == list(range(12))
