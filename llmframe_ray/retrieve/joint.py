@@ -137,11 +137,13 @@ def prepare(shards: Held) -> None:
     live = [(i, shard) for i, shard in shards if shard is not None and len(shard)]
     if len(live) < 2:  # one shard is searched on its own
         return
-    group = _group(live)
-    if len(group) <= JOINT_BM25_ROWS and len({shard.sparse.analyzer.key for _, shard in live}) == 1:
-        group.postings(live)
-    if len(group) >= prefilter.MIN_ROWS:
-        _shared_prefilter([shard.dense for _, shard in live])
+    total = sum(len(shard) for _, shard in live)
+    joint_bm25 = total <= JOINT_BM25_ROWS and len({shard.sparse.analyzer.key for _, shard in live}) == 1
+    codes = _shared_prefilter([shard.dense for _, shard in live]) if total >= prefilter.MIN_ROWS else None
+    if joint_bm25 or codes is not None:  # else (large groups of ANN indexes) no search uses a group
+        group = _group(live)
+        if joint_bm25:
+            group.postings(live)
 
 
 def _group(live: Live) -> _Group:

@@ -203,6 +203,15 @@ def test_a_pipeline_prepares_its_group_when_it_loads_not_on_the_first_query(shar
     assert made == [len(shards)] and hits  # the query used the prepared group
 
 
+def test_a_group_that_no_search_would_use_is_not_made(shards, monkeypatch):
+    made = []
+    monkeypatch.setattr(joint, "_Group", lambda live: made.append(len(live)))
+    monkeypatch.setattr(joint, "JOINT_BM25_ROWS", 0)  # BM25 shard by shard
+    monkeypatch.setattr(joint, "_shared_prefilter", lambda indexes: None)  # as for ANN indexes
+    joint.prepare(list(enumerate(replace(s) for s in shards)))
+    assert made == []
+
+
 def test_a_lone_or_empty_shard_prepares_nothing(shards, monkeypatch):
     made = []
     monkeypatch.setattr(joint, "_Group", lambda live: made.append(len(live)))
