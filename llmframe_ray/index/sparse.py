@@ -28,13 +28,12 @@ import Stemmer
 from llmframe_ray.index import atomic
 from llmframe_ray.index.corpus import CorpusStats
 from llmframe_ray.index.metadata import DEFAULT_NAMESPACE
-from llmframe_ray.index.sparse_top import bm25_top
+from llmframe_ray.index.sparse_top import NO_MASK, bm25_top
 
 METHODS = ("lucene",)
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 _ANALYZER_FILE = "analyzer.json"
 _LENGTHS_FILE = "doc_lengths.npy"
-_NO_MASK = np.zeros(0, dtype=np.bool_)
 
 
 def stopword_list(name: str | None) -> list[str]:
@@ -234,7 +233,7 @@ class SparseIndex:
         matrix = self._bm25.scores
         data, indices, indptr = (np.asarray(matrix[key]) for key in ("data", "indices", "indptr"))
         ids = np.asarray(self._vocab_ids(terms), dtype=np.int64)
-        mask = _NO_MASK if allowed is None else np.asarray(allowed, dtype=np.bool_)
+        mask = NO_MASK if allowed is None else np.asarray(allowed, dtype=np.bool_)
         return bm25_top(data, indices, indptr, len(self), ids, min(k, len(self)), mask)
 
     def stats(self, namespaces: Sequence[str] | None = None) -> CorpusStats:

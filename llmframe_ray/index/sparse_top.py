@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# bm25_top's `allowed` for "every row counts"
+NO_MASK = np.zeros(0, dtype=np.bool_)
+
 
 @njit(cache=True, nogil=True)
 def bm25_top(data, indices, indptr, n_rows, terms, k, allowed):  # pragma: no cover - compiled

@@ -31,7 +31,7 @@ from llmframe_ray.index import prefilter
 from llmframe_ray.index.dense import DenseIndex
 from llmframe_ray.index.metadata import Filter
 from llmframe_ray.index.shard import IndexShard
-from llmframe_ray.index.sparse_top import bm25_top
+from llmframe_ray.index.sparse_top import NO_MASK, bm25_top
 from llmframe_ray.retrieve.candidates import ShardAnswer, concat_keys
 
 # (shard id, shard) pairs; None for a shard left empty in this version
@@ -41,7 +41,6 @@ Live = list[tuple[int, IndexShard]]
 # Above this many rows a group's BM25 runs shard by shard: its joint postings are a second
 # copy of every shard's (SciFact's 9,981 chunks: 618,249 entries, 5 MB, 0.1 s to make).
 JOINT_BM25_ROWS = 50_000
-_NO_MASK = np.zeros(0, dtype=np.bool_)
 
 
 def search_together(shards: Held, bm25: bool, inputs: Any, k: int, where: Filter | None = None) -> ShardAnswer:
@@ -119,7 +118,7 @@ class _Group:
     def mask(self, masks: Sequence[np.ndarray | None]) -> np.ndarray:
         """The shards' row masks (None: every row) over the group's positions."""
         if all(m is None for m in masks):
-            return _NO_MASK
+            return NO_MASK
         allowed = np.ones(len(self), dtype=np.bool_)
         for m, start, end in zip(masks, self.offsets[:-1].tolist(), self.offsets[1:].tolist()):
             if m is not None:
@@ -137,8 +136,8 @@ def prepare(shards: Held) -> None:
     live = [(i, shard) for i, shard in shards if shard is not None and len(shard)]
     if len(live) < 2:  # one shard is searched on its own
         return
+    joint_bm25 = _joint_bm25(live)
     total = sum(len(shard) for _, shard in live)
-    joint_bm25 = total <= JOINT_BM25_ROWS and len({shard.sparse.analyzer.key for _, shard in live}) == 1
     codes = _shared_prefilter([shard.dense for _, shard in live]) if total >= prefilter.MIN_ROWS else None
     if joint_bm25 or codes is not None:  # else (large groups of ANN indexes) no search uses a group
         group = _group(live)
@@ -146,14 +145,29 @@ def prepare(shards: Held) -> None:
             group.postings(live)
 
 
+def _joint_bm25(live: Live) -> bool:
+    """Whether BM25 searches these shards through their group: they analyse text alike and
+    hold at most JOINT_BM25_ROWS rows."""
+    analyzers = {shard.sparse.analyzer.key for _, shard in live}
+    return len(analyzers) == 1 and sum(len(shard) for _, shard in live) <= JOINT_BM25_ROWS
+
+
 def _group(live: Live) -> _Group:
     """The group of these live shards (ids and shards), made on first use and kept while the
-    shards live. Two threads making it at once is harmless."""
-    kept = _GROUPS.get(live[0][1])
-    if kept is None or kept[1].ids != [i for i, _ in live] or len(kept[0]) != len(live) \
-            or any(ref() is not s for ref, (_, s) in zip(kept[0], live)):
-        kept = (tuple(weakref.ref(s) for _, s in live), _Group(live))
-        _GROUPS[live[0][1]] = kept
+    shards live."""
+    ids = [i for i, _ in live]
+    return _kept(_GROUPS, [s for _, s in live], lambda: _Group(live), lambda group: group.ids == ids)
+
+
+def _kept(cache: weakref.WeakKeyDictionary, objects: Sequence[Any], make: Any, fits: Any = lambda _: True) -> Any:
+    """What `make()` made for these objects, kept in `cache` under the first of them while it
+    lives and while they are the same objects (and `fits` it); else made again. Two threads
+    making it at once is harmless."""
+    kept = cache.get(objects[0])
+    if kept is None or len(kept[0]) != len(objects) or any(ref() is not o for ref, o in zip(kept[0], objects)) \
+            or not fits(kept[1]):
+        kept = (tuple(weakref.ref(o) for o in objects), make())
+        cache[objects[0]] = kept
     return kept[1]
 
 
@@ -185,7 +199,7 @@ def _bm25(live: Live, queries: list[str], k: int, where: Filter | None) -> Found
     allowed = [None if where is None else shard.store.row_mask(where) for _, shard in live]
     analyzers = [shard.sparse.analyzer for _, shard in live]
     same = all(a.key == analyzers[0].key for a in analyzers)
-    if same and sum(len(shard) for _, shard in live) <= JOINT_BM25_ROWS:
+    if _joint_bm25(live):
         group = _group(live)
         data, positions, pointers, vocab = group.postings(live)
         mask = group.mask(allowed)
@@ -240,8 +254,4 @@ def _shared_prefilter(indexes: list[DenseIndex]) -> prefilter.Int8Prefilter | No
     flats = [index.flat_index() for index in indexes]
     if any(flat is None for flat in flats):
         return None
-    kept = _SHARED.get(indexes[0])
-    if kept is None or len(kept[0]) != len(indexes) or any(ref() is not i for ref, i in zip(kept[0], indexes)):
-        kept = (tuple(weakref.ref(index) for index in indexes), prefilter.Int8Prefilter.of(*flats))
-        _SHARED[indexes[0]] = kept
-    return kept[1]
+    return _kept(_SHARED, indexes, lambda: prefilter.Int8Prefilter.of(*flats))
