@@ -16,13 +16,15 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.tuning import TUNE, label, load_split  # noqa: E402
 from llmframe_ray.config import load_settings  # noqa: E402
 from llmframe_ray.eval.runner import multi_hop, run_mode  # noqa: E402
-from llmframe_ray.eval.trec import score_all_found, score_run, write_run  # noqa: E402
+from llmframe_ray.eval.trec import score_all_found, score_per_query, write_run  # noqa: E402
 from llmframe_ray.graph.build import ensure_graph  # noqa: E402
 from llmframe_ray.graph.extract import NAME, PHRASE, QUOTED, TITLE  # noqa: E402
 from llmframe_ray.graph.params import GraphParams  # noqa: E402
@@ -39,11 +41,23 @@ SEEDS = {  # seed types, and the fewest words a NAME seed has
 }
 
 
-def scores(path: Path, dataset) -> dict[str, float]:
-    out = score_run(path, dataset.qrels)
+def scores(path: Path, dataset) -> tuple[dict[str, float], np.ndarray]:
+    """The run's means (nDCG@10, Recall@100, and R_all@10 on a multi-hop collection) and its
+    per-query nDCG@10."""
+    per_query = score_per_query(path, dataset.qrels)
+    out = {name: float(np.mean(list(values.values()))) for name, values in per_query.items()}
     if multi_hop(dataset):
         out.update(score_all_found(path, dataset.qrels, (10,)))
-    return out
+    return out, np.array(list(per_query["nDCG@10"].values()))
+
+
+def within_one_error(tried: dict[tuple, np.ndarray]) -> tuple[tuple, float, list[tuple]]:
+    """The best setting by mean nDCG@10, the standard error of a query's paired difference from
+    it, and every setting whose mean is within that error of the best (one-standard-error rule)."""
+    best = max(tried, key=lambda key: (tried[key].mean(), -key[-1]))
+    errors = {key: (tried[best] - values).std(ddof=1) / np.sqrt(len(values)) for key, values in tried.items()}
+    error = max(errors.values())
+    return best, error, [key for key, values in tried.items() if tried[best].mean() - values.mean() <= errors[key]]
 
 
 def main() -> None:
@@ -60,17 +74,19 @@ def main() -> None:
     weights = [float(w) for w in args.weights.split(",")]
     depths = [int(d) for d in args.depths.split(",")]
     seeds = args.seeds.split(",")
+    kept: set[tuple] | None = None
     for name, split, first in TUNE:
         dataset = load_split(name, split, first)
         root = cached_index(dataset, params.index, embedder, params.indexes_dir, stderr_progress())
         ensure_graph(root, embed=embedder.embed)
         pipeline = Pipeline.open(root, embedder, params.retrieval)
         loaded = IndexDirectory(root).load()
-        base = scores(write_run(out / f"{name}-hybrid.trec", run_mode(pipeline, dataset, SearchMode.HYBRID), "hybrid"), dataset)
+        base, _ = scores(write_run(out / f"{name}-hybrid.trec", run_mode(pipeline, dataset, SearchMode.HYBRID), "hybrid"), dataset)
         print(f"\n{label(name, split, first)}: hybrid " + " ".join(f"{k} {v:.4f}" for k, v in base.items()))
         print(f"{'seeds':<6} {'depth':>5} {'cap':>5} {'names':>5} {'weight':>6} {'nDCG@10':>8} {'delta':>7}" + ("  R_all@10  delta" if "R_all@10" in base else ""))
         caps = [None if c == "none" else int(c) for c in args.max_seed_chunks.split(",")]
         matches = [None if m == "off" else float(m) for m in args.name_match.split(",")]
+        tried: dict[tuple, np.ndarray] = {}
         for seed, depth, cap, match in itertools.product(seeds, depths, caps, matches):
             graph_params = GraphParams(depth=depth, seed_types=SEEDS[seed][0], min_name_words=SEEDS[seed][1], max_seed_chunks=cap,
                                        name_match=match)
@@ -79,12 +95,22 @@ def main() -> None:
                 fusion = replace(params.retrieval.fusion, weights={**params.retrieval.fusion.weights, "graph": weight})
                 pipeline.retrieval = replace(params.retrieval, fusion=fusion)
                 run = run_mode(pipeline, dataset, SearchMode.HYBRID_GRAPH)
-                got = scores(write_run(out / f"{name}-{seed}-{depth}-{cap}-{match}-{weight}.trec", run, "hybrid-graph"), dataset)
+                got, per_query = scores(write_run(out / f"{name}-{seed}-{depth}-{cap}-{match}-{weight}.trec", run, "hybrid-graph"), dataset)
                 line = (f"{seed:<6} {depth:>5} {str(cap):>5} {str(match or 'off'):>5} {weight:>6} {got['nDCG@10']:>8.4f} "
                         f"{got['nDCG@10'] - base['nDCG@10']:>+7.4f}")
                 if "R_all@10" in got:
                     line += f"  {got['R_all@10']:>8.4f} {got['R_all@10'] - base['R_all@10']:>+6.4f}"
                 print(line, flush=True)
+                tried[(seed, depth, cap, match, weight)] = per_query
+        best, error, near = within_one_error(tried)
+        print(f"best {best}, nDCG@10 {tried[best].mean():.4f}; within one standard error of a query's paired difference "
+              f"(largest {error:.4f}): " + "; ".join(str(key) for key in near))
+        kept = set(near) if kept is None else kept & set(near)
+    if kept:
+        print("\nwithin one standard error of the best on every set: " + "; ".join(str(key) for key in sorted(kept, key=str))
+              + f"\nthe most cautious of them (least graph weight): {min(kept, key=lambda key: (key[-1], str(key)))}")
+    else:
+        print("\nno setting is within one standard error of the best on every set")
 
 
 if __name__ == "__main__":

@@ -105,8 +105,9 @@ class Settings(PipelineSettings):
     bm25_weight: float = Field(1.0, ge=0, validation_alias=_env("BM25_WEIGHT"))
     dense_weight: float = Field(1.0, ge=0, validation_alias=_env("DENSE_WEIGHT"))
     fusion_depth: int = Field(200, ge=1, le=10000, validation_alias=_env("FUSION_DEPTH"))
-    # hybrid-graph's third list; 1.0 chosen on SciFact train + HotpotQA 1-100 (benchmarks/graph_sweep.py)
-    graph_weight: float = Field(1.0, ge=0, validation_alias=_env("GRAPH_WEIGHT"))
+    # hybrid-graph's third list: the least weight within one standard error of the best on both
+    # tuning sets, SciFact train and HotpotQA 1-100 (benchmarks/graph_sweep.py; README "GraphRAG")
+    graph_weight: float = Field(0.5, ge=0, validation_alias=_env("GRAPH_WEIGHT"))
     graph_depth: int = Field(2, ge=1, le=4, validation_alias=_env("GRAPH_DEPTH"))  # hops of the graph ranker's walk
     graph_max_seed_chunks: int = Field(20, ge=1, validation_alias=_env("GRAPH_MAX_SEED_CHUNKS"))
     graph_name_match: float | None = Field(None, ge=-1, le=1, validation_alias=_env("GRAPH_NAME_MATCH"))  # cosine; unset: off

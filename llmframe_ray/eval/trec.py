@@ -61,21 +61,26 @@ def decreasing_float32(ranked: Sequence[tuple[str, float]]) -> list[np.float32]:
     return out
 
 
+def score_per_query(path: Path, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, float]]:
+    """nDCG@10 and Recall@100 of a run file for every judged query (0 for one with no line in
+    the run), by measure name, then query id in the order of `qrels`."""
+    judged = [Qrel(qid, doc_id, int(rel)) for qid, docs in qrels.items() for doc_id, rel in docs.items()]
+    run = list(ir_measures.read_trec_run(str(path)))
+    found: dict[str, dict[str, float]] = {name: {} for name in MEASURES}
+    names = {measure: name for name, measure in MEASURES.items()}
+    for metric in ir_measures.iter_calc(list(MEASURES.values()), judged, run):
+        found[names[metric.measure]][metric.query_id] = float(metric.value)
+    return {name: {qid: values.get(qid, 0.0) for qid in qrels} for name, values in found.items()}
+
+
 def score_run(path: Path, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, float]:
     """nDCG@10 and Recall@100 of a run file, averaged over the judged queries.
 
     A judged query with no line in the run counts as zero (it is still in the average).
     """
-    judged = [Qrel(qid, doc_id, int(rel)) for qid, docs in qrels.items() for doc_id, rel in docs.items()]
-    run = list(ir_measures.read_trec_run(str(path)))
-    per_query: dict[str, dict[str, float]] = {name: {} for name in MEASURES}
-    names = {measure: name for name, measure in MEASURES.items()}
-    for metric in ir_measures.iter_calc(list(MEASURES.values()), judged, run):
-        per_query[names[metric.measure]][metric.query_id] = float(metric.value)
-    n = len(qrels)
-    if n == 0:
+    if not qrels:
         raise ValueError("no judged queries to score")
-    return {name: sum(values.values()) / n for name, values in per_query.items()}
+    return {name: sum(values.values()) / len(qrels) for name, values in score_per_query(path, qrels).items()}
 
 
 ALL_FOUND_CUTOFFS = (2, 5, 10)

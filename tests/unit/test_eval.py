@@ -6,7 +6,7 @@ import pytest
 
 from llmframe_ray.errors import DatasetError
 from llmframe_ray.eval.beir import load_beir
-from llmframe_ray.eval.trec import score_run, write_run
+from llmframe_ray.eval.trec import score_per_query, score_run, write_run
 
 
 def make_beir(root, qrels_lines=("q1\td1\t1", "q2\td3\t2", "q2\td2\t1")):
@@ -117,6 +117,15 @@ def test_query_missing_from_run_counts_as_zero(tmp_path):
     qrels = {"q1": {"d1": 1}, "q2": {"d2": 1}}
     path = write_run(tmp_path / "x.trec", {"q1": [("d1", 1.0)]}, tag="t")
     assert score_run(path, qrels) == {"nDCG@10": 0.5, "Recall@100": 0.5}
+
+
+def test_per_query_scores_follow_the_judgments_order_with_zero_for_a_missing_query(tmp_path):
+    qrels = {"q2": {"d2": 1}, "q1": {"d1": 1}, "q3": {"d3": 1}}
+    path = write_run(tmp_path / "x.trec", {"q1": [("d9", 2.0), ("d1", 1.0)], "q2": [("d2", 1.0)], "q4": [("d4", 1.0)]}, tag="t")
+    per_query = score_per_query(path, qrels)
+    assert list(per_query["nDCG@10"]) == ["q2", "q1", "q3"]
+    assert per_query["nDCG@10"] == pytest.approx({"q2": 1.0, "q1": 1 / math.log2(3), "q3": 0.0}, abs=1e-9)
+    assert per_query["Recall@100"] == {"q2": 1.0, "q1": 1.0, "q3": 0.0}
 
 
 def test_run_rejects_whitespace_in_ids_and_tag(tmp_path):
