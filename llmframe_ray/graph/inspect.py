@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from llmframe_ray.graph.extract import match_known
 from llmframe_ray.graph.search import GraphSearch
 from llmframe_ray.graph.store import sentences
 from llmframe_ray.index.metadata import Filter
@@ -110,7 +109,7 @@ def communities_for(gs: GraphSearch, q: str, limit: int = 2, where: Filter | Non
         for node in chunks[:8].tolist():
             text = gs.stores[int(gs.positions[node])].get(int(gs.rows[node])).text
             for sentence in sentences(text):
-                count = len(members_set.intersection(match_known(sentence, ranker.multi, single=ranker.single)))
+                count = len(members_set.intersection(ranker.matcher.match(sentence)))
                 if count > best_count:
                     best, best_count = sentence, count
         out.append({

@@ -1,7 +1,7 @@
 """The graph ranker: a query's entities -> spreading activation over the graph -> ranked chunks.
 
     seeds     the entities the query names: the extractor's own reading of it, and every known
-              entity whose key is one of its word n-grams (extract.match_known); with
+              entity whose key is one of its word n-grams (extract.NameMatcher); with
               `name_match` set, also the titles whose embedded names are closest to the query's
               embedding; each weighs its idf, log(1 + chunks / chunks naming it), the strongest
               `max_seeds` kept
@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from llmframe_ray.graph.extract import NAME, QUOTED, TITLE, OfflineExtractor, match_known
+from llmframe_ray.graph.extract import NAME, QUOTED, TITLE, NameMatcher, OfflineExtractor
 from llmframe_ray.graph.params import GraphParams
 from llmframe_ray.graph.store import KnowledgeGraph
 
@@ -49,11 +49,12 @@ class GraphRanker:
         self.ids = graph.entity_ids()
         self.multi = {key: i for key, i in self.ids.items() if " " in key}
         self.single = {key: i for key, i in self.ids.items() if " " not in key and graph.types[i] in (TITLE, NAME, QUOTED)}
+        self.matcher = NameMatcher(self.multi, self.single, prefixes=False)
 
     def named(self, query: str) -> list[int]:
         """Every known entity the query names, in the order found."""
         named = [self.ids[m.key] for m in self.extractor.extract(query) if m.key in self.ids]
-        named.extend(match_known(query, self.multi, single=self.single))
+        named.extend(self.matcher.match(query))
         return list(dict.fromkeys(named))
 
     def meant(self, vectors: np.ndarray | None) -> list[list[int]]:

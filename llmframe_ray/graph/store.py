@@ -13,7 +13,7 @@
                        entities: chunks naming both), both CSR
 
 A chunk mentions an entity when the extractor finds it in the chunk, or when the chunk names,
-by a word n-gram, an entity that some other chunk's extraction found (extract.match_known): the
+by a word n-gram, an entity that some other chunk's extraction found (extract.NameMatcher): the
 title of one chunk, written in another, is the link that multi-hop questions need.
 """
 
@@ -35,7 +35,7 @@ import scipy.sparse as sp
 from llmframe_ray.batch.plan import chunk_fingerprint
 from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.graph.communities import Community, describe, hierarchical_leiden
-from llmframe_ray.graph.extract import NAME, QUOTED, TITLE, OfflineExtractor, entity_key, match_known
+from llmframe_ray.graph.extract import NAME, QUOTED, TITLE, NameMatcher, OfflineExtractor, entity_key
 from llmframe_ray.graph.extractions import ExtractionStore, extract_chunks, storable
 from llmframe_ray.index import atomic
 from llmframe_ray.index.manifest import utc_now
@@ -208,11 +208,12 @@ def build_graph(
     types = [TITLE if TITLE in k else k.most_common(1)[0][0] for k in kinds]  # a title wins
     multi = {key: i for key, i in ids.items() if " " in key}
     single = {key: i for key, i in ids.items() if " " not in key and types[i] in (TITLE, NAME, QUOTED)}
+    matcher = NameMatcher(multi, single)
 
     rows, cols, data = [], [], []
     for node, (text, mentions) in enumerate(zip(texts, found)):
         weights = {ids[m.key]: (TITLE_WEIGHT if m.type == TITLE else 1.0) for m in mentions}
-        for entity in match_known(text, multi, single=single):
+        for entity in matcher.match(text):
             weights.setdefault(entity, 1.0)
         rows.extend([node] * len(weights))
         cols.extend(weights)
@@ -234,7 +235,7 @@ def build_graph(
 
     def sentences_of(node: int) -> list[tuple[str, frozenset[int]]]:
         if node not in cache:
-            cache[node] = [(s, frozenset(match_known(s, multi, single=single))) for s in sentences(texts[node])]
+            cache[node] = [(s, frozenset(matcher.match(s))) for s in sentences(texts[node])]
         return cache[node]
 
     clock = time.perf_counter()

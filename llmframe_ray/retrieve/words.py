@@ -63,6 +63,12 @@ def stem(word: str) -> str:
     return _stemmer().stemWord(word.lower().replace("’", "'"))
 
 
+def stem_words():
+    """This thread's stemmer's list function: lower-case words -> their stems (as `stem`
+    gives them, for words already lower-cased with ’ as ')."""
+    return _stemmer().stemWords
+
+
 def stems(text: str) -> list[str]:
     """The stems of `text`'s content words, in order (repeats kept)."""
     return [stem(w) for w in content_words(text)]

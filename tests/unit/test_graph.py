@@ -8,7 +8,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.eval.trec import score_all_found, write_run
 from llmframe_ray.graph.build import ensure_graph
-from llmframe_ray.graph.extract import OfflineExtractor, entity_key, match_known, title_surface
+from llmframe_ray.graph.extract import NameMatcher, OfflineExtractor, entity_key, key_ngrams, match_known, title_surface
 from llmframe_ray.graph.params import GraphParams
 from llmframe_ray.graph.rank import GraphRanker
 from llmframe_ray.graph.search import GraphSearch
@@ -100,6 +100,48 @@ def test_match_known_prefers_the_longest_name_and_capitalised_single_words():
     assert match_known("the film Kiss and Tell starred Corliss Archer", known, single=single) == [0, 1]
     assert match_known("a film about Film", known, single=single) == [3]  # only the capitalised one
     assert match_known("kiss and tell", known, single={}) == [0]
+
+
+def _every_ngram_match(text, known, single):
+    """The reference reading: every n-gram of every position looked up, the longest kept."""
+    best = {}
+    for start, n, key, capital in key_ngrams(text):
+        table = known if n > 1 else single
+        if (n > 1 or capital) and key in table and n > best.get(start, (0, -1))[0]:
+            best[start] = (n, table[key])
+    out, covered_until = [], -1
+    for start in sorted(best):
+        n, entity = best[start]
+        if start + n - 1 > covered_until:
+            covered_until = start + n - 1
+            if entity not in out:
+                out.append(entity)
+    return out
+
+
+def test_name_matcher_reads_as_every_ngram_looked_up():
+    # keys that nest ("new york" in "new york city"), share prefixes and overlap in texts;
+    # the prefix scan must find exactly what looking up every n-gram finds
+    rng = np.random.default_rng(7)
+    vocabulary = "New York City Hall of Fame the state university press kiss and tell Corliss Archer Film film".split()
+    phrases = [" ".join(rng.choice(vocabulary, int(rng.integers(1, 7)))) for _ in range(40)]
+    keys = {entity_key(phrase) for phrase in phrases} - {""}
+    known = {key: i for i, key in enumerate(sorted(keys))}
+    single = {key: i for key, i in known.items() if " " not in key}
+    multi = {key: i for key, i in known.items() if " " in key}
+    matcher, scanner = NameMatcher(multi, single), NameMatcher(multi, single, prefixes=False)
+    checked = 0
+    for _ in range(300):
+        # known names written out (six-word ones too), between random words and punctuation
+        parts = [rng.choice(phrases) if rng.random() < 0.4 else rng.choice(vocabulary + [",", ".", "and", "(x)"])
+                 for _ in range(int(rng.integers(1, 12)))]
+        text = " ".join(parts)
+        expected = _every_ngram_match(text, multi, single)
+        assert matcher.match(text) == expected, text
+        assert scanner.match(text) == expected, text
+        checked += bool(expected)
+    assert checked > 100  # most texts name something
+    assert NameMatcher({"new york city": 0, "new york": 1}).prefixes == {"new", "new york"}
 
 
 def test_graph_links_a_title_named_in_another_chunk(index):
