@@ -5,6 +5,12 @@
 For each collection: hybrid once, then hybrid-graph for every (seed types, depth, seed cap, name-embedding threshold, weight), each
 scored from a written TREC run file (nDCG@10, and R_all@10 where every query has two or more
 relevant documents). The knowledge graph is built with the cached index on first use.
+
+Then the one-standard-error rule over those settings: per collection, the best by nDCG@10 and
+every setting within one standard error (of a query's paired difference from the best) of it;
+at the end, the settings within it on every collection and, of them, the one with the least
+graph weight (how LLMFRAME_GRAPH_WEIGHT's default was chosen, with the other settings at
+their defaults: `--seeds titles --depths 2 --weights 0.1,0.25,0.4,0.5,0.6,0.75,1.0,1.5,2.0`).
 """
 
 from __future__ import annotations
@@ -55,9 +61,12 @@ def within_one_error(tried: dict[tuple, np.ndarray]) -> tuple[tuple, float, list
     """The best setting by mean nDCG@10, the standard error of a query's paired difference from
     it, and every setting whose mean is within that error of the best (one-standard-error rule)."""
     best = max(tried, key=lambda key: (tried[key].mean(), -key[-1]))
-    errors = {key: (tried[best] - values).std(ddof=1) / np.sqrt(len(values)) for key, values in tried.items()}
+    errors = {
+        key: (tried[best] - values).std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
+        for key, values in tried.items()
+    }
     error = max(errors.values())
-    return best, error, [key for key, values in tried.items() if tried[best].mean() - values.mean() <= errors[key]]
+    return best, error, [key for key, values in tried.items() if key == best or tried[best].mean() - values.mean() <= errors[key]]
 
 
 def main() -> None:

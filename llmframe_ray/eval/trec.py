@@ -64,6 +64,8 @@ def decreasing_float32(ranked: Sequence[tuple[str, float]]) -> list[np.float32]:
 def score_per_query(path: Path, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, float]]:
     """nDCG@10 and Recall@100 of a run file for every judged query (0 for one with no line in
     the run), by measure name, then query id in the order of `qrels`."""
+    if not qrels:
+        raise ValueError("no judged queries to score")
     judged = [Qrel(qid, doc_id, int(rel)) for qid, docs in qrels.items() for doc_id, rel in docs.items()]
     run = list(ir_measures.read_trec_run(str(path)))
     found: dict[str, dict[str, float]] = {name: {} for name in MEASURES}
@@ -78,8 +80,6 @@ def score_run(path: Path, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, f
 
     A judged query with no line in the run counts as zero (it is still in the average).
     """
-    if not qrels:
-        raise ValueError("no judged queries to score")
     return {name: sum(values.values()) / len(qrels) for name, values in score_per_query(path, qrels).items()}
 
 

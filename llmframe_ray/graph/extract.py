@@ -171,8 +171,8 @@ def key_ngrams(text: str, max_n: int = MAX_NGRAM) -> Iterable[tuple[int, int, st
 class NameMatcher:
     """Known entity keys (key -> id), read for in texts by word n-grams (`match`). With
     `prefixes` it also holds every proper word prefix of the keys, so a scan extends an n-gram
-    only while some key starts with it: most words start none, and cost one set lookup, not
-    MAX_NGRAM joins (half the time of a graph build's linking pass; about 13 MiB for SciFact's
+    only while some key starts with it: most words start none, and cost a lookup or two, not
+    MAX_NGRAM joins and lookups (half the time of a graph build's linking pass; about 13 MiB for SciFact's
     111,562 names, so a served graph ranker, which reads a few short queries, goes without).
     One-word keys match only when written with a capital, and only those in `single` where it
     is given (a one-word entity "Film" must not match every "film")."""
@@ -223,5 +223,6 @@ class NameMatcher:
 
 
 def match_known(text: str, known: Mapping[str, int], *, single: Mapping[str, int] | None = None) -> list[int]:
-    """`NameMatcher(known, single).match(text)`: for one text; hold a NameMatcher to read many."""
-    return NameMatcher(known, single).match(text)
+    """The known entities named in one text (`NameMatcher.match`, without a prefix set: for
+    one text, building it costs more than it saves); hold a NameMatcher to read many."""
+    return NameMatcher(known, single, prefixes=False).match(text)

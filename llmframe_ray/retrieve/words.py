@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import Callable
 
 import Stemmer
 
@@ -63,7 +64,7 @@ def stem(word: str) -> str:
     return _stemmer().stemWord(word.lower().replace("’", "'"))
 
 
-def stem_words():
+def stem_words() -> Callable[[list[str]], list[str]]:
     """This thread's stemmer's list function: lower-case words -> their stems (as `stem`
     gives them, for words already lower-cased with ’ as ')."""
     return _stemmer().stemWords

@@ -1,6 +1,8 @@
 """The knowledge graph (llmframe_ray/graph): offline extraction, the graph stored in a version,
 the graph ranker's walk, and its list in the retrieval plan (modes graph and hybrid-graph)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -8,7 +10,8 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.errors import IndexLoadError
 from llmframe_ray.eval.trec import score_all_found, write_run
 from llmframe_ray.graph.build import ensure_graph
-from llmframe_ray.graph.extract import NameMatcher, OfflineExtractor, entity_key, key_ngrams, match_known, title_surface
+from llmframe_ray.graph.extract import NameMatcher, OfflineExtractor, entity_key, match_known, title_surface
+from llmframe_ray.retrieve.words import stem
 from llmframe_ray.graph.params import GraphParams
 from llmframe_ray.graph.rank import GraphRanker
 from llmframe_ray.graph.search import GraphSearch
@@ -103,12 +106,19 @@ def test_match_known_prefers_the_longest_name_and_capitalised_single_words():
 
 
 def _every_ngram_match(text, known, single):
-    """The reference reading: every n-gram of every position looked up, the longest kept."""
-    best = {}
-    for start, n, key, capital in key_ngrams(text):
-        table = known if n > 1 else single
-        if (n > 1 or capital) and key in table and n > best.get(start, (0, -1))[0]:
-            best[start] = (n, table[key])
+    """The reference reading, on its own tokens and stems: every n-gram (up to six words) of
+    every position looked up, the longest kept."""
+    best, offset = {}, 0
+    for segment in re.split(r"[.!?;:,()\[\]{}\"“”«»–—/|]+|\s['‘’]|['‘’]\s|\n\s*\n", text):
+        tokens = re.findall(r"[^\W_]+(?:['’.\-&][^\W_]+)*", segment)
+        stems = [stem(t) for t in tokens]
+        for start in range(len(stems)):
+            for n in range(1, min(6, len(stems) - start) + 1):
+                key = " ".join(stems[start : start + n])
+                table = known if n > 1 else single
+                if (n > 1 or tokens[start][:1].isupper()) and key in table:
+                    best[offset + start] = (n, table[key])
+        offset += len(stems) + 1
     out, covered_until = [], -1
     for start in sorted(best):
         n, entity = best[start]
@@ -120,27 +130,33 @@ def _every_ngram_match(text, known, single):
 
 
 def test_name_matcher_reads_as_every_ngram_looked_up():
-    # keys that nest ("new york" in "new york city"), share prefixes and overlap in texts;
-    # the prefix scan must find exactly what looking up every n-gram finds
+    # keys that nest ("new york" in "new york city"), share prefixes, overlap in texts, and one
+    # longer than the six words an n-gram may have; the prefix scan (and the scan without
+    # prefixes) must find exactly what looking up every n-gram finds
     rng = np.random.default_rng(7)
-    vocabulary = "New York City Hall of Fame the state university press kiss and tell Corliss Archer Film film".split()
+    vocabulary = "New York City Hall of Fame state university press kiss and tell Corliss Archer Film film".split()
     phrases = [" ".join(rng.choice(vocabulary, int(rng.integers(1, 7)))) for _ in range(40)]
+    phrases += ["New York City Hall of Fame Press", "New York City Hall of Fame"]  # seven words, then its first six
     keys = {entity_key(phrase) for phrase in phrases} - {""}
     known = {key: i for i, key in enumerate(sorted(keys))}
     single = {key: i for key, i in known.items() if " " not in key}
     multi = {key: i for key, i in known.items() if " " in key}
-    matcher, scanner = NameMatcher(multi, single), NameMatcher(multi, single, prefixes=False)
+    readers = [
+        (NameMatcher(multi, single), multi, single), (NameMatcher(multi, single, prefixes=False), multi, single),
+        (NameMatcher(known), known, known),  # one dictionary for both, as match_known(text, known) reads
+    ]
     checked = 0
     for _ in range(300):
-        # known names written out (six-word ones too), between random words and punctuation
+        # known names written out, between random words and punctuation
         parts = [rng.choice(phrases) if rng.random() < 0.4 else rng.choice(vocabulary + [",", ".", "and", "(x)"])
                  for _ in range(int(rng.integers(1, 12)))]
         text = " ".join(parts)
-        expected = _every_ngram_match(text, multi, single)
-        assert matcher.match(text) == expected, text
-        assert scanner.match(text) == expected, text
-        checked += bool(expected)
+        for matcher, table, one_word in readers:
+            assert matcher.match(text) == _every_ngram_match(text, table, one_word), text
+        checked += bool(_every_ngram_match(text, multi, single))
     assert checked > 100  # most texts name something
+    six = known[entity_key("New York City Hall of Fame")]
+    assert NameMatcher(multi, single).match("the New York City Hall of Fame Press") == [six]  # seven words: the first six
     assert NameMatcher({"new york city": 0, "new york": 1}).prefixes == {"new", "new york"}
 
 
