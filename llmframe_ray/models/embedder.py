@@ -7,6 +7,7 @@ middle step. Vectors are float32 and L2-normalised, so inner product is cosine s
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -22,6 +23,8 @@ from llmframe_ray.models.runtime import (
     load_tokenizer,
     pad_encodings,
 )
+
+logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = 2  # [CLS] and [SEP]
 _CHECKED_KEPT = 256  # encodings of checked queries kept for tokenize
@@ -254,13 +257,25 @@ def local_model_dir(models_dir: Path) -> Path:
 
 
 def ensure_local_model(models_dir: Path) -> Path:
-    """Export the bundled MiniLM to ONNX under `models_dir` once; return the folder."""
-    from llmframe_ray.models.export import bundled_minilm_path, export_encoder, is_complete
+    """Export the bundled MiniLM to ONNX under `models_dir` once; return the folder.
+
+    A folder exported by an earlier version the slower way (models/export.py: ENCODER_ATTENTION)
+    is exported again in its place where torch is installed (as the first export needs), else
+    used as it is, with a warning: its vectors are the same model's, within 1.2e-7."""
+    from llmframe_ray.errors import MissingDependencyError
+    from llmframe_ray.models.export import bundled_minilm_path, export_encoder, is_complete, is_current_export
 
     target = local_model_dir(models_dir)
-    if is_complete(target):
+    if is_current_export(target):
         return target
-    return export_encoder(bundled_minilm_path(), target)
+    if not is_complete(target):
+        return export_encoder(bundled_minilm_path(), target)
+    try:
+        return export_encoder(bundled_minilm_path(), target, replace=True)
+    except MissingDependencyError as exc:
+        logger.warning("%s is an older, slower export of the embedding model; it stays in use because it "
+                       "cannot be exported again here (%s)", target, exc)
+        return target
 
 
 class EmbeddingProvider(str, enum.Enum):
