@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -123,6 +124,7 @@ def create_session(
 PREPACKED_DIR = "prepacked"  # under a models folder: copies of models with shared weights
 PREPACKED_MODEL = "model.onnx"
 PREPACKED_WEIGHTS = "weights.bin"
+PREPACKED_SOURCE = "source.json"  # the model file a copy was made from: path, size, modification time
 
 
 def prepacked_model(model_path: Path, cache_dir: Path, skipped_fusions: Sequence[str] = ()) -> Path:
@@ -131,7 +133,11 @@ def prepacked_model(model_path: Path, cache_dir: Path, skipped_fusions: Sequence
     size, modification time), the ONNX Runtime version, the CPU (the packing depends on its
     instruction set) and the fusions skipped (create_session). Several processes may race to
     make it: each writes a private folder and renames it into place; the first rename wins. Returns `model_path` itself (with a warning)
-    when the copy cannot be made, e.g. in a read-only folder."""
+    when the copy cannot be made, e.g. in a read-only folder.
+
+    A process that makes a new copy removes the copies whose model file is gone or has changed
+    since (`stale_copies`): a model exported again, a reranker trained again into the same
+    folder, a test's temporary model. A process that already mapped such a copy keeps its pages."""
     import onnxruntime as ort
 
     stat = model_path.stat()
@@ -155,17 +161,47 @@ def prepacked_model(model_path: Path, cache_dir: Path, skipped_fusions: Sequence
         options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
         options.log_severity_level = 3  # it warns that the file suits this machine only, which the key ensures
         ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"], **_skipping(skipped_fusions))
+        source = {"model": str(model_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        (staging / PREPACKED_SOURCE).write_text(json.dumps(source) + "\n", encoding="utf-8")
         try:
             staging.rename(target)
         except OSError:  # another process put its copy there first
             if not (target / PREPACKED_MODEL).is_file():
                 raise
+        else:
+            for stale in stale_copies(cache_dir):
+                shutil.rmtree(stale, ignore_errors=True)
     except Exception as exc:  # noqa: BLE001 - a copy that cannot be made only costs memory
         logger.warning("serving %s without shared prepacked weights: %s", model_path, exc)
         return model_path
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target / PREPACKED_MODEL
+
+
+def stale_copies(cache_dir: Path) -> list[Path]:
+    """The prepacked copies in `cache_dir` whose model file no longer exists, or no longer has
+    the size and modification time the copy was made from. Copies that do not say what they
+    were made from (made before PREPACKED_SOURCE was written) are left alone."""
+    found = []
+    for folder in sorted(Path(cache_dir).iterdir()) if Path(cache_dir).is_dir() else []:
+        if folder.name.startswith(".") or not folder.is_dir():
+            continue  # a copy being made
+        try:
+            source = json.loads((folder / PREPACKED_SOURCE).read_text(encoding="utf-8"))
+            model = Path(source["model"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # an older copy, or a record it cannot read: nothing to judge it by
+        try:
+            stat = model.stat()
+        except FileNotFoundError:
+            found.append(folder)  # its model file is gone
+            continue
+        except OSError:
+            continue
+        if (stat.st_size, stat.st_mtime_ns) != (source.get("size"), source.get("mtime_ns")):
+            found.append(folder)
+    return found
 
 
 def _skipping(fusions: Sequence[str]) -> dict[str, list[str]]:

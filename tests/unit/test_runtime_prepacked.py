@@ -2,6 +2,7 @@
 (models/runtime.py: prepacked_model): the same outputs bit for bit, made once in the cache
 folder (never beside the model), and a plain session when the copy cannot be made."""
 
+import json
 import logging
 import os
 import shutil
@@ -11,7 +12,14 @@ import numpy as np
 import pytest
 
 from llmframe_ray.models import runtime
-from llmframe_ray.models.runtime import PREPACKED_MODEL, PREPACKED_WEIGHTS, create_session, load_tokenizer, pad_encodings
+from llmframe_ray.models.runtime import (
+    PREPACKED_MODEL,
+    PREPACKED_SOURCE,
+    PREPACKED_WEIGHTS,
+    create_session,
+    load_tokenizer,
+    pad_encodings,
+)
 
 TEXTS = ["what causes tides", "a much longer question about the waggle dance of honey bees and flowers", "x"]
 
@@ -37,7 +45,10 @@ def test_shared_weights_give_the_same_outputs_from_a_mapped_file(model_copy, tmp
     shared = create_session(model_copy, 1, prepacked_dir=cache)
     (made,) = sorted(cache.iterdir())
     assert made.name.startswith("model-model-")  # <model folder>-<file stem>-<key>
-    assert sorted(p.name for p in made.iterdir()) == sorted([PREPACKED_MODEL, PREPACKED_WEIGHTS])
+    assert sorted(p.name for p in made.iterdir()) == sorted([PREPACKED_MODEL, PREPACKED_SOURCE, PREPACKED_WEIGHTS])
+    source = json.loads((made / PREPACKED_SOURCE).read_text())
+    assert source == {"model": str(model_copy.resolve()), "size": model_copy.stat().st_size,
+                      "mtime_ns": model_copy.stat().st_mtime_ns}
     assert (made / PREPACKED_WEIGHTS).stat().st_size > model_copy.stat().st_size  # weights plus their packed form
     tokenizer = model_copy.parent / "tokenizer.json"
     for a, b in zip(outputs(plain, tokenizer), outputs(shared, tokenizer)):
@@ -52,11 +63,37 @@ def test_shared_weights_give_the_same_outputs_from_a_mapped_file(model_copy, tmp
     assert sorted(p.name for p in model_copy.parent.iterdir()) == ["model.onnx", "tokenizer.json"]
 
 
-def test_a_new_model_file_gets_its_own_copy(model_copy, tmp_path):
-    first = runtime.prepacked_model(model_copy, tmp_path / "prepacked")
+def test_a_new_model_file_gets_its_own_copy_and_the_old_copy_goes(model_copy, tmp_path):
+    cache = tmp_path / "prepacked"
+    first = runtime.prepacked_model(model_copy, cache)
+    session = create_session(model_copy, 1, prepacked_dir=cache)  # maps the first copy's weights
     os.utime(model_copy, ns=(model_copy.stat().st_atime_ns, model_copy.stat().st_mtime_ns + 10**9))
-    second = runtime.prepacked_model(model_copy, tmp_path / "prepacked")
-    assert first != second and first.is_file() and second.is_file()
+    second = runtime.prepacked_model(model_copy, cache)
+    assert first != second and second.is_file()
+    assert sorted(p.name for p in cache.iterdir()) == [second.parent.name]  # the stale copy is removed
+    tokenizer = model_copy.parent / "tokenizer.json"
+    for a, b in zip(outputs(session, tokenizer), outputs(create_session(model_copy, 1), tokenizer)):
+        assert np.array_equal(a, b)  # a session that mapped the removed copy still runs
+
+
+def test_copies_of_missing_or_changed_models_are_stale_and_others_are_not(model_copy, tmp_path):
+    cache = tmp_path / "prepacked"
+    other = tmp_path / "other" / "model.onnx"
+    other.parent.mkdir()
+    shutil.copyfile(model_copy, other)
+    kept = runtime.prepacked_model(other, cache).parent
+    gone = runtime.prepacked_model(model_copy, cache).parent
+    older = cache / "model-model-0123456789abcdef"  # made before copies recorded their source
+    older.mkdir()
+    unreadable = cache / "model-model-fedcba9876543210"
+    unreadable.mkdir()
+    (unreadable / PREPACKED_SOURCE).write_text("[1, 2]")
+    assert runtime.stale_copies(cache) == []
+    model_copy.unlink()
+    assert runtime.stale_copies(cache) == [gone]
+    other.write_bytes(other.read_bytes() + b"\0")  # same path, another size
+    assert runtime.stale_copies(cache) == sorted([gone, kept])
+    assert older.is_dir() and unreadable.is_dir()
 
 
 def test_the_first_copy_wins_a_race(model_copy, tmp_path, monkeypatch):
