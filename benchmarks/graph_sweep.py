@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.tuning import TUNE, label, load_split  # noqa: E402
 from llmframe_ray.config import load_settings  # noqa: E402
 from llmframe_ray.eval.runner import multi_hop, run_mode  # noqa: E402
-from llmframe_ray.eval.trec import score_all_found, score_per_query, write_run  # noqa: E402
+from llmframe_ray.eval.trec import score_all_found, score_per_query, within_one_error, write_run  # noqa: E402
 from llmframe_ray.graph.build import ensure_graph  # noqa: E402
 from llmframe_ray.graph.extract import NAME, PHRASE, QUOTED, TITLE  # noqa: E402
 from llmframe_ray.graph.params import GraphParams  # noqa: E402
@@ -55,18 +55,6 @@ def scores(path: Path, dataset) -> tuple[dict[str, float], np.ndarray]:
     if multi_hop(dataset):
         out.update(score_all_found(path, dataset.qrels, (10,)))
     return out, np.array(list(per_query["nDCG@10"].values()))
-
-
-def within_one_error(tried: dict[tuple, np.ndarray]) -> tuple[tuple, float, list[tuple]]:
-    """The best setting by mean nDCG@10, the standard error of a query's paired difference from
-    it, and every setting whose mean is within that error of the best (one-standard-error rule)."""
-    best = max(tried, key=lambda key: (tried[key].mean(), -key[-1]))
-    errors = {
-        key: (tried[best] - values).std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
-        for key, values in tried.items()
-    }
-    error = max(errors.values())
-    return best, error, [key for key, values in tried.items() if key == best or tried[best].mean() - values.mean() <= errors[key]]
 
 
 def main() -> None:

@@ -9,7 +9,10 @@ the first model's card), so no model trained with that card's settings has seen 
 query's hybrid top max(depths) documents are scored once per variant; depth d reorders the
 first d of them (RRF with the hybrid order, as served, and the cross-encoder alone) and keeps
 the rest in hybrid order. Scores of a pair do not depend on the other pairs of its batch
-beyond float rounding, so one pass serves every depth. Prints nDCG@10 per depth and pairs/s.
+beyond float rounding, so one pass serves every depth. Prints nDCG@10 per depth and pairs/s,
+and per variant the depth the one-standard-error rule picks for the fused order: the least
+depth whose mean nDCG@10 is within one standard error (of a query's paired difference) of the
+best depth's (`eval/trec.py: within_one_error`, the rule that chose the graph weight).
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from llmframe_ray.config import load_settings  # noqa: E402
 from llmframe_ray.eval.beir import load_beir  # noqa: E402
 from llmframe_ray.eval.runner import cached_index  # noqa: E402
-from llmframe_ray.eval.trec import score_run, write_run  # noqa: E402
+from llmframe_ray.eval.trec import score_per_query, within_one_error, write_run  # noqa: E402
 from llmframe_ray.models.cross_encoder import CrossEncoder, read_card  # noqa: E402
 from llmframe_ray.models.embedder import load_embedder  # noqa: E402
 from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
@@ -38,9 +43,14 @@ from llmframe_ray.types import SearchMode  # noqa: E402
 
 
 def ndcg10(results: dict, qrels) -> float:
+    return float(per_query_ndcg10(results, qrels).mean())
+
+
+def per_query_ndcg10(results: dict, qrels) -> np.ndarray:
+    """nDCG@10 of every judged query, in the order of `qrels`."""
     run = {qid: [(h.doc_id, h.score) for h in hits] for qid, hits in results.items()}
     with tempfile.TemporaryDirectory() as work:
-        return score_run(write_run(Path(work) / "run.trec", run, tag="depth"), qrels)["nDCG@10"]
+        return np.array(list(score_per_query(write_run(Path(work) / "run.trec", run, tag="depth"), qrels)["nDCG@10"].values()))
 
 
 def main() -> None:
@@ -72,6 +82,7 @@ def main() -> None:
           f"{ndcg10(hybrid, qrels):.4f}; RRF k {rrf_k}")
     print(f"{'model':<28} {'prec':<5} {'len':>4} {'pairs/s':>8} " + " ".join(f"{'d' + str(d) + ' rrf/ce':>14}" for d in depths))
     deepest = max(depths)
+    rules = []
     for model in args.model:
         for precision in args.precision or ["fp32", "int8"]:
             for max_length in args.max_length or [None]:
@@ -79,15 +90,22 @@ def main() -> None:
                 started = time.perf_counter()
                 scores = {q: encoder.score(dataset.queries[q], [h.passage for h in hits[:deepest]]) for q, hits in hybrid.items()}
                 rate = sum(len(s) for s in scores.values()) / (time.perf_counter() - started)
-                cells = []
+                cells, fused = [], {}
                 for depth in depths:
                     steps = RerankParams(depth=depth, rrf_k=rrf_k)
                     figures = [
-                        ndcg10({q: steps.apply(dataset.queries[q], hits, scores[q][:depth], fusion) for q, hits in hybrid.items()}, qrels)
+                        per_query_ndcg10({q: steps.apply(dataset.queries[q], hits, scores[q][:depth], fusion) for q, hits in hybrid.items()}, qrels)
                         for fusion in (RerankFusion.RRF, RerankFusion.NONE)
                     ]
-                    cells.append(f"{figures[0]:.4f}/{figures[1]:.4f}")
+                    fused[(depth,)] = figures[0]
+                    cells.append(f"{figures[0].mean():.4f}/{figures[1].mean():.4f}")
                 print(f"{Path(model).name:<28} {precision:<5} {encoder.max_length:>4} {rate:>8.1f} " + " ".join(f"{c:>14}" for c in cells))
+                best, error, near = within_one_error(fused)
+                rules.append((Path(model).name, precision, encoder.max_length, best[0], float(fused[best].mean()), error, near))
+    print("one-standard-error rule, fused order (the least depth within one standard error of the best):")
+    for name, precision, length, best, mean, error, near in rules:
+        print(f"  {name} {precision} {length}: best depth {best} ({mean:.4f}), largest standard error {error:.4f}, "
+              f"within one: {', '.join(str(k[0]) for k in sorted(near))}; the rule's depth: {min(near)[0]}")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,21 @@ def score_run(path: Path, qrels: Mapping[str, Mapping[str, int]]) -> dict[str, f
     return {name: sum(values.values()) / len(qrels) for name, values in score_per_query(path, qrels).items()}
 
 
+def within_one_error(tried: Mapping[tuple, np.ndarray]) -> tuple[tuple, float, list[tuple]]:
+    """The one-standard-error rule over settings tried on the same queries: `tried` maps a
+    setting (a tuple; on equal means the smaller last element counts as better) to its
+    per-query scores, in one query order. Returns the best setting by mean, the largest
+    standard error of a query's paired difference from it, and every setting whose mean is
+    within its own such error of the best's (the best included)."""
+    best = max(tried, key=lambda key: (tried[key].mean(), -key[-1]))
+    errors = {
+        key: (tried[best] - values).std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else 0.0
+        for key, values in tried.items()
+    }
+    error = max(errors.values())
+    return best, error, [key for key, values in tried.items() if key == best or tried[best].mean() - values.mean() <= errors[key]]
+
+
 ALL_FOUND_CUTOFFS = (2, 5, 10)
 
 

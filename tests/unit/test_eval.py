@@ -134,3 +134,23 @@ def test_run_rejects_whitespace_in_ids_and_tag(tmp_path):
     assert not (tmp_path / "x.trec").exists()
     with pytest.raises(ValueError, match="run tag must be one word"):
         write_run(tmp_path / "x.trec", {}, tag="two words")
+
+
+def test_the_one_standard_error_rule_keeps_what_the_queries_cannot_tell_apart():
+    from llmframe_ray.eval.trec import within_one_error
+
+    best = np.array([0.9, 0.5, 0.7, 0.6])
+    tried = {
+        (10,): best - np.array([0.2, 0.2, 0.2, 0.2]),  # worse on every query: same difference, no error
+        (20,): best - np.array([0.1, -0.1, 0.1, -0.06]),  # mean 0.01 below, error 0.05: within it
+        (30,): best,
+        (40,): best.copy(),  # equal to the best: the smaller setting is the best
+    }
+    chosen, error, near = within_one_error(tried)
+    assert chosen == (30,)
+    differences = best - tried[(20,)]
+    assert error == pytest.approx(differences.std(ddof=1) / 2)
+    assert near == [(20,), (30,), (40,)]  # (10,) is 0.2 below with no spread: outside
+    assert min(near) == (20,)
+    one_query = {(1,): np.array([0.5]), (2,): np.array([0.5]), (3,): np.array([0.4])}
+    assert within_one_error(one_query) == ((1,), 0.0, [(1,), (2,)])
