@@ -234,7 +234,7 @@ def eval_command(
     runs_dir: Optional[Path] = typer.Option(None, "--runs-dir", help="Write <mode>.trec run files here."),
     split: str = typer.Option("test", "--split"),
     reranker: Optional[str] = typer.Option(None, "--reranker", help="Model folder or hub repo id (default: LLMFRAME_RERANKER_MODEL)."),
-    rerank_depth: Optional[int] = typer.Option(None, "--rerank-depth", min=1, max=1000, help="Candidates rescored (default: LLMFRAME_RERANKER_DEPTH, 30)."),
+    rerank_depth: Optional[int] = typer.Option(None, "--rerank-depth", min=1, max=1000, help="Candidates rescored (default: LLMFRAME_RERANKER_DEPTH, 25)."),
     precision: Optional[str] = typer.Option(None, "--reranker-precision", help="fp32, int8 or auto (int8 where the model folder has model.int8.onnx; default: LLMFRAME_RERANKER_PRECISION, auto)."),
     index: Optional[Path] = typer.Option(None, "--index", help="Evaluate this index directory (e.g. built by `ingest`) instead of the cached one-shard build."),
 ) -> None:

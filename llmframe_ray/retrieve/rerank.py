@@ -54,7 +54,7 @@ class RerankParams:
     the evaluation all apply it through these methods)."""
 
     enabled: bool = False
-    depth: int = 30
+    depth: int = 25
     fusion: RerankFusion = RerankFusion.RRF
     rrf_k: int = 20
     weight: float | None = None  # the cross-encoder's RRF weight; None: by domain (domain_weight)

@@ -164,7 +164,7 @@ def test_auto_precision_takes_the_quantised_file_where_there_is_one(model_folder
     (fp32_only / "model.int8.onnx").unlink()
     assert CrossEncoder(fp32_only, precision="auto").precision.value == "fp32"
     assert load_settings().params().reranker_model.precision.value == "auto"
-    assert load_settings().params().rerank.depth == 30
+    assert load_settings().params().rerank.depth == 25
 
 
 def test_empty_candidate_list(model_folder):
