@@ -11,8 +11,9 @@ about N tokens (chunks/s; texts cut from the same collection's documents, or rep
 sentences); and the largest difference between the two traces' embeddings (mean-pooled and
 normalised, as the embedder returns them) on the same inputs. Runs alternate between the two
 graphs; each figure is the median over `--repeats`.
-ONNX Runtime's defaults but `--threads` intra-op threads (default: every core), as the
-embedder runs it; prints the CPU, its SIMD flags and the core count.
+ONNX Runtime's defaults but `--threads` intra-op threads (default: every core), plain sessions
+over the two files (the embedder adds prepacked weights, the same for both); prints the CPU,
+its SIMD flags and the core count.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def main() -> None:
 
     def feeds(texts: list[str], width: int | None = None) -> dict[str, np.ndarray]:
         encoded = tokenizer.encode_batch(texts)
-        if width is not None:  # the first `width` tokens of each text, [SEP] kept last
-            ids = [e.ids[: width - 1] + [e.ids[-1]] for e in encoded]
+        if width is not None:  # the first `width` tokens of each longer text, [SEP] kept last
+            ids = [e.ids[: width - 1] + [e.ids[-1]] if len(e.ids) > width else e.ids for e in encoded]
         else:
             ids = [e.ids for e in encoded]
         longest = max(len(i) for i in ids)
@@ -111,7 +112,7 @@ def main() -> None:
         diff = max(float(np.abs(vectors(names[0], f) - vectors(names[1], f)).max()) for f in one[:100] + batches[lengths[-1]][:2])
         latency = {n: [] for n in names}
         rates = {(n, t): [] for n in names for t in lengths}
-        for f in one[:20]:
+        for f in one[:20] + [b[0] for b in batches.values()]:  # first runs of each shape
             for session in sessions.values():
                 session.run(None, f)
         for repeat in range(args.repeats):
@@ -132,7 +133,7 @@ def main() -> None:
     med = statistics.median
     print(f"machine: {cpu_description()}, {os.cpu_count()} cores; ONNX Runtime {ort.__version__}, "
           f"{args.threads} intra-op threads; {len(one)} queries, 256 chunks per length; median of {args.repeats}")
-    print(f"largest |difference| between the traces' embeddings (pooled, normalised; queries and 256-token batches): {diff:.2e}")
+    print(f"largest |difference| between the traces' embeddings (pooled, normalised; queries and {lengths[-1]}-token batches): {diff:.2e}")
     print()
     header = ["trace", "nodes", "Where / IsNaN", "query p50 ms", *[f"{t}-token chunks/s" for t in lengths]]
     print("| " + " | ".join(header) + " |")

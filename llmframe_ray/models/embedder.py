@@ -260,9 +260,12 @@ def ensure_local_model(models_dir: Path) -> Path:
     """Export the bundled MiniLM to ONNX under `models_dir` once; return the folder.
 
     A folder exported by an earlier version the slower way (models/export.py: ENCODER_ATTENTION)
-    is exported again in its place where torch is installed (as the first export needs), else
-    used as it is, with a warning: its vectors are the same model's, within 1.2e-7."""
-    from llmframe_ray.errors import MissingDependencyError
+    is exported again in its place where it can be (torch installed, as the first export needs;
+    a writable folder), else used as it is, with a warning: its vectors are the same model's,
+    within 1.2e-7. Processes that find it at once (Serve replicas, Ray Data actors) take turns
+    on a lock file beside it; the first exports, the others find its export current."""
+    import fcntl
+
     from llmframe_ray.models.export import bundled_minilm_path, export_encoder, is_complete, is_current_export
 
     target = local_model_dir(models_dir)
@@ -271,11 +274,15 @@ def ensure_local_model(models_dir: Path) -> Path:
     if not is_complete(target):
         return export_encoder(bundled_minilm_path(), target)
     try:
-        return export_encoder(bundled_minilm_path(), target, replace=True)
-    except MissingDependencyError as exc:
+        with open(target.parent / f".{target.name}.lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if is_current_export(target):  # another process exported it while this one waited
+                return target
+            return export_encoder(bundled_minilm_path(), target, replace=True)
+    except Exception as exc:  # noqa: BLE001 - the older export still embeds correctly
         logger.warning("%s is an older, slower export of the embedding model; it stays in use because it "
-                       "cannot be exported again here (%s)", target, exc)
-        return target
+                       "cannot be exported again here (%s: %s)", target, type(exc).__name__, exc)
+        return target if is_complete(target) else ensure_local_model(models_dir)
 
 
 class EmbeddingProvider(str, enum.Enum):

@@ -97,9 +97,9 @@ def write_folder(target_dir: Path, fill: Callable[[Path], None], *, replace: boo
     """Create `target_dir` atomically from what `fill(tmp_dir)` writes into a temporary folder.
 
     An existing `target_dir` is kept (another process made it first) unless `replace`: then it
-    is renamed aside just before the new folder is renamed into place, and removed. A process
-    that reads the folder in between finds it missing, never half written; one that already
-    opened its files keeps reading them."""
+    is renamed aside just before the new folder is renamed into place, and removed after (put
+    back if the new one cannot go in). A process that reads the folder in between finds it
+    missing, never half written; one that already opened its files keeps reading them."""
     target_dir = Path(target_dir)
     target_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}.tmp-", dir=target_dir.parent))
@@ -111,20 +111,26 @@ def write_folder(target_dir: Path, fill: Callable[[Path], None], *, replace: boo
         for path in tmp.iterdir():
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
+        aside = None
         if replace and target_dir.exists():
             aside = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}.old-", dir=target_dir.parent))
             try:
                 os.rename(target_dir, aside / target_dir.name)
             except FileNotFoundError:
                 pass  # another process moved it first
-            shutil.rmtree(aside, ignore_errors=True)
         try:
             os.rename(tmp, target_dir)
         except OSError:
             if not target_dir.is_dir() or not any(target_dir.iterdir()):
+                if aside is not None and (aside / target_dir.name).is_dir():
+                    os.rename(aside / target_dir.name, target_dir)  # the old folder back in its place
+                    shutil.rmtree(aside, ignore_errors=True)
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
             return target_dir
+        finally:
+            if aside is not None and target_dir.is_dir():
+                shutil.rmtree(aside, ignore_errors=True)
         fd = os.open(target_dir.parent, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -161,28 +161,36 @@ def prepacked_model(model_path: Path, cache_dir: Path, skipped_fusions: Sequence
         options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
         options.log_severity_level = 3  # it warns that the file suits this machine only, which the key ensures
         ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"], **_skipping(skipped_fusions))
-        source = {"model": str(model_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        source = {"model": str(model_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                  "host": platform.node()}
         (staging / PREPACKED_SOURCE).write_text(json.dumps(source) + "\n", encoding="utf-8")
         try:
             staging.rename(target)
+            made = True
         except OSError:  # another process put its copy there first
             if not (target / PREPACKED_MODEL).is_file():
                 raise
-        else:
-            for stale in stale_copies(cache_dir):
-                shutil.rmtree(stale, ignore_errors=True)
+            made = False
     except Exception as exc:  # noqa: BLE001 - a copy that cannot be made only costs memory
         logger.warning("serving %s without shared prepacked weights: %s", model_path, exc)
         return model_path
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    if made:
+        try:
+            for stale in stale_copies(cache_dir):
+                shutil.rmtree(stale, ignore_errors=True)
+        except Exception as exc:  # noqa: BLE001 - a sweep that fails leaves only disk space behind
+            logger.warning("cannot remove stale prepacked copies in %s: %s", cache_dir, exc)
     return target / PREPACKED_MODEL
 
 
 def stale_copies(cache_dir: Path) -> list[Path]:
-    """The prepacked copies in `cache_dir` whose model file no longer exists, or no longer has
-    the size and modification time the copy was made from. Copies that do not say what they
-    were made from (made before PREPACKED_SOURCE was written) are left alone."""
+    """The prepacked copies in `cache_dir`, made on this host, whose model file no longer
+    exists, or no longer has the size and modification time the copy was made from. Copies
+    made on another host (a models folder on shared storage: that host judges them, as its
+    paths and its mapped pages are its own) and copies that do not say what they were made
+    from (made before PREPACKED_SOURCE was written) are left alone."""
     found = []
     for folder in sorted(Path(cache_dir).iterdir()) if Path(cache_dir).is_dir() else []:
         if folder.name.startswith(".") or not folder.is_dir():
@@ -192,12 +200,14 @@ def stale_copies(cache_dir: Path) -> list[Path]:
             model = Path(source["model"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # an older copy, or a record it cannot read: nothing to judge it by
+        if source.get("host") != platform.node():
+            continue
         try:
             stat = model.stat()
         except FileNotFoundError:
             found.append(folder)  # its model file is gone
             continue
-        except OSError:
+        except (OSError, ValueError):
             continue
         if (stat.st_size, stat.st_mtime_ns) != (source.get("size"), source.get("mtime_ns")):
             found.append(folder)

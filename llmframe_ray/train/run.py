@@ -25,7 +25,7 @@ from llmframe_ray.train.rationales import RATIONALE_POOL_DEPTH, load_rationales,
 from llmframe_ray.train.reranker import Log, TrainConfig, build_groups, split_queries, train
 from llmframe_ray.types import Hit, SearchMode
 
-VALIDATION_DEPTH = 30
+VALIDATION_DEPTH = 30  # fixed, so that cards compare across models and sessions; serving reranks LLMFRAME_RERANKER_DEPTH
 
 
 def subset(dataset: BeirDataset, qids: list[str]) -> BeirDataset:

@@ -5,6 +5,7 @@ folder (never beside the model), and a plain session when the copy cannot be mad
 import json
 import logging
 import os
+import platform
 import shutil
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def test_shared_weights_give_the_same_outputs_from_a_mapped_file(model_copy, tmp
     assert sorted(p.name for p in made.iterdir()) == sorted([PREPACKED_MODEL, PREPACKED_SOURCE, PREPACKED_WEIGHTS])
     source = json.loads((made / PREPACKED_SOURCE).read_text())
     assert source == {"model": str(model_copy.resolve()), "size": model_copy.stat().st_size,
-                      "mtime_ns": model_copy.stat().st_mtime_ns}
+                      "mtime_ns": model_copy.stat().st_mtime_ns, "host": platform.node()}
     assert (made / PREPACKED_WEIGHTS).stat().st_size > model_copy.stat().st_size  # weights plus their packed form
     tokenizer = model_copy.parent / "tokenizer.json"
     for a, b in zip(outputs(plain, tokenizer), outputs(shared, tokenizer)):
@@ -88,12 +89,27 @@ def test_copies_of_missing_or_changed_models_are_stale_and_others_are_not(model_
     unreadable = cache / "model-model-fedcba9876543210"
     unreadable.mkdir()
     (unreadable / PREPACKED_SOURCE).write_text("[1, 2]")
+    elsewhere = cache / "model-model-00000000000000ff"  # made on another host sharing the folder
+    elsewhere.mkdir()
+    (elsewhere / PREPACKED_SOURCE).write_text(json.dumps({"model": "/nowhere/model.onnx", "size": 1, "mtime_ns": 1,
+                                                          "host": platform.node() + "-other"}))
     assert runtime.stale_copies(cache) == []
     model_copy.unlink()
     assert runtime.stale_copies(cache) == [gone]
     other.write_bytes(other.read_bytes() + b"\0")  # same path, another size
     assert runtime.stale_copies(cache) == sorted([gone, kept])
-    assert older.is_dir() and unreadable.is_dir()
+    assert older.is_dir() and unreadable.is_dir() and elsewhere.is_dir()
+
+
+def test_a_sweep_that_fails_keeps_the_new_copy(model_copy, tmp_path, monkeypatch, caplog):
+    def broken(cache_dir):
+        raise PermissionError(13, "Permission denied", str(cache_dir))
+
+    monkeypatch.setattr(runtime, "stale_copies", broken)
+    with caplog.at_level(logging.WARNING, logger="llmframe_ray.models.runtime"):
+        made = runtime.prepacked_model(model_copy, tmp_path / "prepacked")
+    assert made.name == PREPACKED_MODEL and made.is_file()
+    assert "cannot remove stale prepacked copies in" in caplog.text and "Permission denied" in caplog.text
 
 
 def test_the_first_copy_wins_a_race(model_copy, tmp_path, monkeypatch):
