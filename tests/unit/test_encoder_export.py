@@ -98,21 +98,6 @@ def test_a_missing_folder_is_exported_and_a_current_one_is_kept(tmp_path, monkey
     assert (current / "model.onnx").read_text() == "kept"
 
 
-def test_an_older_export_stays_in_use_where_it_cannot_be_exported_again(tmp_path, monkeypatch, caplog):
-    old = _folder(local_model_dir(tmp_path), None, "old")
-
-    def no_torch(source_dir, target_dir, *, replace=False):
-        raise MissingDependencyError("torch", "exporting a model to ONNX")
-
-    monkeypatch.setattr(export, "export_encoder", no_torch)
-    monkeypatch.setattr(export, "bundled_minilm_path", lambda: tmp_path / "bundled")
-    with caplog.at_level(logging.WARNING, logger="llmframe_ray.models.embedder"):
-        assert ensure_local_model(tmp_path) == old
-    assert (old / "model.onnx").read_text() == "old"
-    assert "is an older, slower export of the embedding model" in caplog.text
-    assert "needs the package 'torch'" in caplog.text
-
-
 @pytest.mark.parametrize("content", ["", "not json", "[1, 2]"])
 def test_an_unreadable_export_record_counts_as_older(tmp_path, content):
     folder = _folder(tmp_path / "m", export.ENCODER_ATTENTION, "x")
@@ -137,18 +122,23 @@ def test_processes_that_find_an_older_export_at_once_export_it_once(tmp_path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".{old.name}.lock", old.name]
 
 
-def test_an_export_that_fails_for_any_reason_keeps_the_older_one(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("error, said", [
+    (MissingDependencyError("torch", "exporting a model to ONNX"),
+     "(MissingDependencyError: exporting a model to ONNX needs the package 'torch'"),
+    (PermissionError(13, "Permission denied", "models"), "(PermissionError: [Errno 13] Permission denied"),
+])
+def test_an_older_export_stays_in_use_where_it_cannot_be_exported_again(tmp_path, monkeypatch, caplog, error, said):
     old = _folder(local_model_dir(tmp_path), None, "old")
 
-    def refused(source_dir, target_dir, *, replace=False):
-        raise PermissionError(13, "Permission denied", str(target_dir.parent))
+    def fails(source_dir, target_dir, *, replace=False):
+        raise error
 
-    monkeypatch.setattr(export, "export_encoder", refused)
+    monkeypatch.setattr(export, "export_encoder", fails)
     monkeypatch.setattr(export, "bundled_minilm_path", lambda: tmp_path / "bundled")
     with caplog.at_level(logging.WARNING, logger="llmframe_ray.models.embedder"):
         assert ensure_local_model(tmp_path) == old
     assert (old / "model.onnx").read_text() == "old"
-    assert "cannot be exported again here (PermissionError: [Errno 13] Permission denied" in caplog.text
+    assert f"{old} is an older, slower export of the embedding model; it stays in use because it cannot be exported again here {said}" in caplog.text
 
 
 def test_a_replacement_that_cannot_go_in_puts_the_old_folder_back(tmp_path, monkeypatch):
