@@ -185,8 +185,8 @@ def main() -> None:
             held = held_out_ids(reranker, args.dataset)
             claims = [c for c in claims if str(c["id"]) in held]
             variant += "-heldout"
-        if args.rerank:
-            variant += "-reranked"
+        if args.rerank:  # the reranked top 5 depend on the depth reranked
+            variant += f"-reranked-d{params.rerank.depth}"
     sentence_model = None
     if args.sentence_model:
         if args.scorer != "cross-encoder":
