@@ -101,7 +101,6 @@ def kept_of(case: dict, params) -> list[bool]:
     passages = case.get("passages")
     whole = compress.whole_passages(passages, params.passage_margin)
     same_scale = passages if case.get("cross_encoder") else None  # as the stage: cross-encoder sentence scores only
-    params = params.for_passages(same_scale or [])
     scores = compress.combined(case["model"], case["overlap"], params, split.owner, same_scale)
     return compress.select(split, scores, params, whole, relative=bool(same_scale))
 
@@ -154,10 +153,6 @@ def main() -> None:
     parser.add_argument("--relative", default=None,
                         help="comma-separated relative thresholds to sweep ('none': fill the budget instead), with --reranker")
     parser.add_argument("--prior", default=None, help="comma-separated passage priors to sweep, with --reranker")
-    parser.add_argument("--nothing-relevant", default=None,
-                        help="comma-separated quantiles of the reranker card's calibration to sweep ('none': off), with the relative rule")
-    parser.add_argument("--nothing-relative", default=None,
-                        help="comma-separated relative thresholds for questions whose passages answer nothing, to sweep")
     parser.add_argument("--sentence-model", default=None,
                         help="with --scorer cross-encoder: a cross-encoder folder that scores the sentences (default: the reranker)")
     parser.add_argument("--held-out", action="store_true",
@@ -215,7 +210,7 @@ def main() -> None:
     seconds = time.perf_counter() - started
     base = compress.CompressionParams()
     if reranker is not None and args.scorer == "cross-encoder":  # as the stage does with a deployed reranker
-        base = base.for_reranker(reranker.served_card())
+        base = base.for_reranker(reranker.card)
         if base.relative is not None:
             print(f"the reranker was trained on rationale sentences: the relative rule ({base.relative}) by default")
     gold = sum(sum(c["gold"]) for c in cases)
@@ -228,26 +223,18 @@ def main() -> None:
     for name, arg in (("passage_margin", args.margin), ("relative", args.relative)):
         swept[name] = [None if x.strip() == "none" else float(x) for x in arg.split(",")] if arg else [getattr(base, name)]
     swept["passage_prior"] = [float(x) for x in args.prior.split(",")] if args.prior else [base.passage_prior]
-    swept["nothing_relevant_quantile"] = ([None if x.strip() == "none" else float(x) for x in args.nothing_relevant.split(",")]
-                                          if args.nothing_relevant else [base.nothing_relevant_quantile])
-    swept["nothing_relevant_relative"] = ([float(x) for x in args.nothing_relative.split(",")] if args.nothing_relative
-                                          else [base.nothing_relevant_relative])
-    card = reranker.served_card() if reranker is not None else {}
     print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'margin':>7} {'relative':>8} {'prior':>6} "
-          f"{'nothing':>8} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
+          f"{'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
     curve = []
     for values in itertools.product(*swept.values()):
         setting = dict(zip(swept, values))
         margin = "none" if setting["passage_margin"] is None or reranker is None else f"{setting['passage_margin']:.2f}"
         relative = "none" if setting["relative"] is None or reranker is None else f"{setting['relative']:.2f}"
-        quantile = setting["nothing_relevant_quantile"]
-        score = compress.calibrated_score(card, quantile) if quantile is not None and relative != "none" else None
-        nothing = "none" if score is None else f"q{quantile:g}/{setting['nothing_relevant_relative']:g}"
         for budget in budgets if relative == "none" else budgets[:1]:  # a relative threshold fills no budget
-            kept, tokens = measure(cases, replace(base.with_budget(budget), **setting, nothing_relevant_score=score))
+            kept, tokens = measure(cases, replace(base.with_budget(budget), **setting))
             print(f"{setting['lexical']:>8.2f} {setting['quota']:>6.2f} {setting['passage']:>8.2f} {setting['neighbour']:>9.2f} "
-                  f"{margin:>7} {relative:>8} {setting['passage_prior']:>6.2f} {nothing:>8} "
-                  f"{budget if relative == 'none' else '-':>7} {kept:>15.4f} {tokens:>12.4f}")
+                  f"{margin:>7} {relative:>8} {setting['passage_prior']:>6.2f} {budget if relative == 'none' else '-':>7} "
+                  f"{kept:>15.4f} {tokens:>12.4f}")
             if all(getattr(base, k) == v for k, v in setting.items() if k != "relative"):  # the default, by budget or by relative
                 curve.append((budget if relative == "none" else f"rel {relative}", kept, tokens))
     if args.plot and curve:

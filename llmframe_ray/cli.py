@@ -295,11 +295,8 @@ def train_reranker_command(
     synthetic: bool = typer.Option(False, "--synthetic", help="No judgments: train on pseudo-queries made from the corpus (sentences of its documents); --split is not read."),
     synthetic_queries: int = typer.Option(1000, "--synthetic-queries", min=1, help="With --synthetic: how many pseudo-queries."),
     rationales: bool = typer.Option(False, "--rationales", help="Also train on the dataset's rationale sentences (rationales/, SciFact's layout): the sentence scores that contextual compression reads."),
-    revalidate: bool = typer.Option(False, "--revalidate", help="No training: validate the reranker already in --out again on the queries its training held out (--dataset: the data it was trained on) and rewrite its card's validation figures and calibration."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
-    if revalidate:
-        return _revalidate(dataset, out)
     if (dataset is None) == (index is None):
         _fail("give exactly one of --dataset DIR (a BEIR folder) or --index DIR (with --synthetic)")
     _train_reranker(
@@ -307,36 +304,6 @@ def train_reranker_command(
         negatives=negatives, max_length=max_length, max_steps=max_steps, layers=layers, distill_weight=distill_weight,
         rationales=rationales,
     )
-
-
-def _revalidate(dataset: Path | None, out: Path) -> None:
-    from llmframe_ray.errors import DatasetError
-    from llmframe_ray.models.cross_encoder import CARD_FILE
-    from llmframe_ray.train.run import revalidate
-
-    if dataset is None:
-        _fail("--revalidate needs --dataset DIR: the BEIR folder the reranker was trained on")
-    if not (out / CARD_FILE).is_file():
-        _fail(f"--revalidate: {out} holds no trained reranker (no {CARD_FILE})")
-    settings = _settings()
-    params = settings.params()
-    try:
-        card = revalidate(
-            dataset, out, settings.threads, lambda line: typer.echo(line, err=True), embedder=params.embedder,
-            index=params.index, indexes_dir=params.indexes_dir, retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k,
-        )
-    except DatasetError as exc:
-        _fail(str(exc))
-    _echo_validation(out, card, "validated")
-
-
-def _echo_validation(out: Path, card: dict, what: str) -> None:
-    typer.echo(f"{what} {out}: {card['steps']} steps, {card['data']['groups']} groups")
-    for name, figures in (card.get("validation") or {}).items():
-        if isinstance(figures, dict):
-            typer.echo(f"  validation {name}: nDCG@10 {figures['nDCG@10']:.4f}")
-    for precision, entry in (card.get("calibration") or {}).items():
-        typer.echo(f"  calibration {precision}: {len(entry['relevant_scores'])} judged-relevant passages in the reranked top {entry['top']}")
 
 
 def _train_reranker(
@@ -354,7 +321,10 @@ def _train_reranker(
         retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k, teacher=teacher,
         synthetic_queries=synthetic_queries, index_dir=index, rationales=rationales,
     )
-    _echo_validation(out, card, "wrote")
+    typer.echo(f"wrote {out}: {card['steps']} steps, {card['data']['groups']} groups")
+    for name, figures in (card.get("validation") or {}).items():
+        if isinstance(figures, dict):
+            typer.echo(f"  validation {name}: nDCG@10 {figures['nDCG@10']:.4f}")
 
 
 @app.command("serve")

@@ -38,15 +38,6 @@ class PipelineSettings(WriteSettings):
     # best passage (reranker logits)
     compression_relative: str = Field("auto", validation_alias=_env("COMPRESSION_RELATIVE"))
     compression_passage_prior: float = Field(1.0, ge=0, le=100, validation_alias=_env("COMPRESSION_PASSAGE_PRIOR"))
-    # under that rule ("auto"), with a reranker card's calibration: a question none of whose
-    # passages scores at least this quantile of what the card's held-out answering passages
-    # scored keeps only the sentences within the second setting of its best ("none": never)
-    compression_nothing_relevant_quantile: float | None = Field(
-        CompressionParams.nothing_relevant_quantile, ge=0, le=1, validation_alias=_env("COMPRESSION_NOTHING_RELEVANT_QUANTILE")
-    )
-    compression_nothing_relevant_relative: float = Field(
-        CompressionParams.nothing_relevant_relative, ge=0, le=100, validation_alias=_env("COMPRESSION_NOTHING_RELEVANT_RELATIVE")
-    )
 
     @field_validator("compression_relative", mode="before")
     @classmethod
@@ -62,7 +53,7 @@ class PipelineSettings(WriteSettings):
             raise ValueError("should be auto, none or a number of at least 0")
         return str(number)
 
-    @field_validator("compression_passage_margin", "compression_nothing_relevant_quantile", mode="before")
+    @field_validator("compression_passage_margin", mode="before")
     @classmethod
     def _margin(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none"):
@@ -90,8 +81,6 @@ class PipelineSettings(WriteSettings):
             passage_margin=self.compression_passage_margin,
             passage_budget_tokens=self.compression_passage_budget_tokens or None,
             passage_prior=self.compression_passage_prior, **self._relative_params(),
-            nothing_relevant_quantile=self.compression_nothing_relevant_quantile,
-            nothing_relevant_relative=self.compression_nothing_relevant_relative,
         )
 
     def _relative_params(self) -> dict[str, float | None]:

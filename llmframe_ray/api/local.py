@@ -102,8 +102,7 @@ class LocalStages:
         return [float(s) for s in scores]
 
     async def rerank_card(self) -> Mapping[str, Any]:
-        served = getattr(self.reranker, "served_card", None)
-        return served() if callable(served) else dict(getattr(self.reranker, "card", None) or {})
+        return dict(getattr(self.reranker, "card", None) or {})
 
     async def rerank_similarity(self, version: str) -> float | None:
         return await asyncio.to_thread(shards_similarity, getattr(self.reranker, "card", {}), self.pipeline.shards)

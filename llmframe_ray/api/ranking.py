@@ -271,7 +271,6 @@ class Ranking:
         whole = compress.whole_passages(passage_scores, params.passage_margin)
         overlap = compress.lexical_overlap(query, split.sentences)
         same_scale = passage_scores if use_ce else []  # the prior and the relative rule: cross-encoder logits only
-        params = params.for_passages(same_scale)  # a question none of whose passages answers it keeps less
         scores = compress.combined(model[: len(texts)], overlap, params, split.owner, same_scale)
         keep = compress.select(split, scores, params, whole, relative=bool(same_scale))
         return compress.apply(hits, split, keep), None

@@ -26,7 +26,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -162,11 +162,6 @@ class CrossEncoder:
         self.cache = ScoreCache(cache_size) if cache_size > 0 else None
         self.window = PassageWindow(self._tokenizer, max_length) if window else None
 
-
-    def served_card(self) -> dict[str, Any]:
-        """The model card as a deployed reranker reports it: with the precision it serves
-        (`serving_precision`), which picks the calibration that compression reads."""
-        return {**self.card, "serving_precision": self.precision.value}
     def tokenize(self, query: str, passages: Sequence[str]) -> EncodedBatch:
         """Pairs truncated together (longest first) to `max_length` tokens."""
         return pad_encodings(self._tokenizer.encode_batch([(query, p) for p in passages]))

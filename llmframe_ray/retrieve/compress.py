@@ -70,14 +70,7 @@ class CompressionParams:
     the deployed reranker was trained on rationale sentences (`for_reranker`), with no passage
     kept whole; None: never. `passage_prior`: with the reranker's passage scores, each
     sentence's score + this x (its passage's score - the best passage's). 5.5 and 1.0 chosen on
-    those 81 claims for a reranker trained with `--rationales`, by the same rule.
-
-    `nothing_relevant_quantile`: under that rule, where the reranker's card has its calibration
-    (the scores that judged-relevant passages of its held-out training queries got; `train-reranker`),
-    a question none of whose passages scores at least this quantile of them is taken to have no
-    answer among them: only its sentences within `nothing_relevant_relative` of its best are
-    kept (and each passage's best). `nothing_relevant_score`: that score, set by `for_reranker`
-    from the card (a number given here stays); None: no such check."""
+    those 81 claims for a reranker trained with `--rationales`, by the same rule."""
 
     budget_tokens: int | None = 750
     threshold: float | None = None
@@ -91,9 +84,6 @@ class CompressionParams:
     passage_prior: float = 1.0
     relative: float | None = None
     rationale_relative: float | None = 5.5
-    nothing_relevant_quantile: float | None = 0.1
-    nothing_relevant_relative: float = 2.0
-    nothing_relevant_score: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scorer", Scorer.from_str(self.scorer))
@@ -101,11 +91,9 @@ class CompressionParams:
             raise ValueError("compression needs a token budget or a score threshold")
         if self.passage_margin is not None and not self.passage_margin >= 0:
             raise ValueError(f"passage_margin must be at least 0, got {self.passage_margin!r}")
-        for name in ("relative", "rationale_relative", "nothing_relevant_relative"):
+        for name in ("relative", "rationale_relative"):
             if getattr(self, name) is not None and not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)!r}")
-        if self.nothing_relevant_quantile is not None and not 0.0 <= self.nothing_relevant_quantile <= 1.0:
-            raise ValueError(f"nothing_relevant_quantile must be within [0, 1], got {self.nothing_relevant_quantile!r}")
         if not self.passage_prior >= 0:
             raise ValueError(f"passage_prior must be at least 0, got {self.passage_prior!r}")
         if self.passage_budget_tokens is not None and self.passage_budget_tokens < 1:
@@ -123,45 +111,16 @@ class CompressionParams:
     def for_reranker(self, card: Mapping[str, Any]) -> CompressionParams:
         """These settings for a deployed reranker with this model card: the relative rule at
         `rationale_relative` (no passage kept whole) where it was trained on rationale sentences
-        and `relative` is unset, with the `nothing_relevant_score` of its calibration (at the
-        precision it serves: the card's `serving_precision`, else int8) where it has one."""
+        and `relative` is unset."""
         if self.relative is not None or self.rationale_relative is None or not scores_sentences(card):
             return self
-        score = self.nothing_relevant_score
-        if score is None and self.nothing_relevant_quantile is not None:
-            score = calibrated_score(card, self.nothing_relevant_quantile)
-        return replace(self, relative=self.rationale_relative, passage_margin=None, nothing_relevant_score=score)
-
-    def for_passages(self, passage_scores: Sequence[float]) -> CompressionParams:
-        """These settings for one question whose passages the reranker scored so (the relative
-        rule only): `nothing_relevant_relative` where none of them reaches `nothing_relevant_score`."""
-        if (self.relative is None or self.nothing_relevant_score is None or not passage_scores
-                or max(passage_scores) >= self.nothing_relevant_score):
-            return self
-        return replace(self, relative=min(self.relative, self.nothing_relevant_relative))
+        return replace(self, relative=self.rationale_relative, passage_margin=None)
 
     def budget(self, whole: bool) -> int | None:
         """The token budget, with (`whole`) or without passages kept whole; None: no budget."""
         if whole and self.budget_tokens is not None and self.passage_budget_tokens is not None:
             return self.passage_budget_tokens
         return self.budget_tokens
-
-
-MIN_CALIBRATION = 20  # relevant passages a card's calibration needs before it is read
-
-
-def calibrated_score(card: Mapping[str, Any], quantile: float) -> float | None:
-    """The `quantile` of the scores that a reranker gave the judged-relevant passages of its
-    held-out queries (its card's `calibration`, at its `serving_precision`, else int8); None
-    where the card has fewer than MIN_CALIBRATION of them (an older card: none)."""
-    calibration = card.get("calibration") if isinstance(card, Mapping) else None
-    if not isinstance(calibration, Mapping):
-        return None
-    entry = calibration.get(str(card.get("serving_precision") or "int8"))
-    scores = entry.get("relevant_scores") if isinstance(entry, Mapping) else None
-    if not isinstance(scores, list) or len(scores) < MIN_CALIBRATION:
-        return None
-    return float(np.quantile(np.asarray(scores, dtype=np.float64), quantile))
 
 
 def scores_sentences(card: Mapping[str, Any]) -> bool:

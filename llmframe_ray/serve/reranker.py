@@ -83,9 +83,8 @@ class Reranker:
             self._score_batch.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
 
     def card(self) -> dict[str, Any]:
-        """The model card (its training corpus's centroid sets its fusion weight), with the
-        precision served."""
-        return self.encoder.served_card()
+        """The model card (its training corpus's centroid sets its fusion weight)."""
+        return dict(self.encoder.card)
 
     def batch_stats(self) -> dict[str, float]:
         """Batch sizes, and the score cache's hits and misses (pairs) where it has one."""

@@ -6,7 +6,6 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from llmframe_ray.errors import DatasetError
 from llmframe_ray.eval.beir import BeirDataset, load_beir, load_corpus
@@ -27,7 +26,6 @@ from llmframe_ray.train.reranker import Log, TrainConfig, build_groups, split_qu
 from llmframe_ray.types import Hit, SearchMode
 
 VALIDATION_DEPTH = 30  # fixed, so that cards compare across models and sessions; serving reranks LLMFRAME_RERANKER_DEPTH
-CALIBRATION_TOP = 5  # the documents that contextual compression gets by default (top_k 5)
 
 
 def subset(dataset: BeirDataset, qids: list[str]) -> BeirDataset:
@@ -43,12 +41,10 @@ def subset(dataset: BeirDataset, qids: list[str]) -> BeirDataset:
 
 def validate(
     pipeline: Pipeline, dataset: BeirDataset, model_dir: Path, rrf_k: int, threads: int, work: Path
-) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, object]]]:
+) -> dict[str, dict[str, float]]:
     """nDCG@10 on held-out queries: hybrid, and hybrid top-30 reranked by fp32 and int8, both
-    by the cross-encoder alone and fused with the hybrid order (RRF, k = `rrf_k`). And, per
-    precision, the calibration (`relevant_scores`)."""
+    by the cross-encoder alone and fused with the hybrid order (RRF, k = `rrf_k`)."""
     steps = RerankParams(depth=VALIDATION_DEPTH, rrf_k=rrf_k)
-    calibration: dict[str, dict[str, object]] = {}
     hybrid = {
         qid: pipeline.search(text, SearchMode.HYBRID, top_k=100, truncate=True, rerank=False)
         for qid, text in dataset.queries.items()
@@ -72,27 +68,7 @@ def validate(
             for qid, hits in hybrid.items()
         }
         figures[f"rerank-{precision.value}-rrf"] = _score(work / f"rerank-{precision.value}-rrf.trec", fused, dataset)
-        calibration[precision.value] = {
-            "top": CALIBRATION_TOP, "relevant_scores": relevant_scores(hybrid, scores, fused, dataset.qrels)
-        }
-    return figures, calibration
-
-
-def relevant_scores(
-    hybrid: Mapping[str, Sequence[Hit]], scores: Mapping[str, Sequence[float]], fused: Mapping[str, Sequence[Hit]],
-    qrels: Mapping[str, Mapping[str, int]],
-) -> list[float]:
-    """The cross-encoder's scores (`scores[qid]`, of `hybrid[qid]`'s head in order) of the
-    judged-relevant documents in each query's reranked top CALIBRATION_TOP (`fused`), sorted:
-    what a passage that answers a question scores with this model. Contextual compression
-    reads them (retrieve/compress.py: a question none of whose passages scores like that is
-    taken to have no answer among them)."""
-    out = []
-    for qid, hits in fused.items():
-        by_doc = dict(zip((h.doc_id for h in hybrid[qid]), scores[qid]))
-        judged = qrels.get(qid, {})
-        out += [float(by_doc[h.doc_id]) for h in hits[:CALIBRATION_TOP] if judged.get(h.doc_id, 0) > 0 and h.doc_id in by_doc]
-    return sorted(round(x, 4) for x in out)
+    return figures
 
 
 def _score(path: Path, results: dict[str, list[Hit]], dataset: BeirDataset) -> dict[str, float]:
@@ -195,48 +171,12 @@ def train_reranker(
     report = train(groups, out_dir, config, card, log)
     log(f"trained {report.steps} steps in {report.seconds:.0f}s; exported to {out_dir}")
     if val_ids:
-        _validate_into_card(pipeline, subset(dataset, val_ids), out_dir, rerank_rrf_k, config.threads, log)
-    return read_card(out_dir)
-
-
-def _validate_into_card(pipeline: Pipeline, held_out: BeirDataset, out_dir: Path, rrf_k: int, threads: int, log: Log) -> None:
-    """Validate the model in `out_dir` on the `held_out` queries; write the figures and the
-    calibration into its card."""
-    log(f"validating on {len(held_out.queries)} held-out {held_out.split} queries")
-    work = out_dir.parent / f".{out_dir.name}.validation"
-    figures, calibration = validate(pipeline, held_out, out_dir, rrf_k, threads, work)
-    card = {
-        **read_card(out_dir), "validation": {"queries": len(held_out.queries), "depth": VALIDATION_DEPTH, **figures},
-        "calibration": calibration,
-    }
-    atomic.write_bytes(out_dir / CARD_FILE, (json.dumps(card, indent=2) + "\n").encode("utf-8"))
-    for path in work.glob("*.trec"):
-        path.unlink()
-    work.rmdir()
-
-
-def revalidate(
-    dataset_dir: Path, out_dir: Path, threads: int, log: Log, *, embedder: EmbedderParams, index: IndexParams,
-    indexes_dir: Path, retrieval: RetrievalParams, rerank_rrf_k: int,
-) -> dict:
-    """Validate a trained reranker again on the queries its training held out (its card's
-    dataset, split, seed and validation share), and rewrite its card's validation figures and
-    calibration: a model trained before the card had a calibration gets one without training
-    again. Returns the card."""
-    out_dir = Path(out_dir)
-    card = read_card(out_dir)
-    data, config = card.get("data") or {}, card.get("config") or {}
-    if "seed" not in config or not data.get("split"):
-        raise DatasetError(f"{out_dir}: its card does not say which queries its training held out (no seed or split)")
-    dataset = load_beir(dataset_dir, data["split"])
-    if data.get("dataset") != dataset.name or (data.get("qrels_sha256") and data["qrels_sha256"] != dataset.qrels_sha256):
-        raise DatasetError(
-            f"{out_dir} was trained on {data.get('dataset')!r} ({data['split']} judgments); {dataset_dir} holds other data"
-        )
-    _, val_ids = split_queries(list(dataset.queries), config.get("validation_fraction", 0.1), config["seed"])
-    if not val_ids:
-        raise DatasetError(f"{out_dir}: its training held out no queries (validation share 0), so there is nothing to validate on")
-    model = load_embedder(embedder)
-    pipeline = Pipeline.open(cached_index(dataset, index, model, indexes_dir), model, retrieval)
-    _validate_into_card(pipeline, subset(dataset, val_ids), out_dir, rerank_rrf_k, threads, log)
+        log(f"validating on {len(val_ids)} held-out {split} queries")
+        work = out_dir.parent / f".{out_dir.name}.validation"
+        figures = validate(pipeline, subset(dataset, val_ids), out_dir, rerank_rrf_k, config.threads, work)
+        card = {**read_card(out_dir), "validation": {"queries": len(val_ids), "depth": VALIDATION_DEPTH, **figures}}
+        atomic.write_bytes(out_dir / CARD_FILE, (json.dumps(card, indent=2) + "\n").encode("utf-8"))
+        for path in work.glob("*.trec"):
+            path.unlink()
+        work.rmdir()
     return read_card(out_dir)

@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 
 from llmframe_ray.retrieve.compress import (
-    MIN_CALIBRATION,
     CompressionParams,
     Split,
     apply,
-    calibrated_score,
     combined,
     cosines,
     lexical_overlap,
@@ -130,42 +128,6 @@ def test_a_reranker_trained_on_rationale_sentences_switches_to_the_relative_rule
     assert combined([2.0, 1.0, 0.5], [0.0] * 3, replace(params, lexical=0.0), [0, 0, 1], [1.0, 0.0]) == pytest.approx([4.0, 3.0, -1.0])
 
 
-def calibrated_card(int8: list[float], fp32: list[float] | None = None, **more) -> dict:
-    calibration = {"int8": {"top": 5, "relevant_scores": int8}, **({"fp32": {"top": 5, "relevant_scores": fp32}} if fp32 else {})}
-    return {"data": {"rationale_groups": 935}, "calibration": calibration, **more}
-
-
-def test_the_calibration_gives_the_score_of_an_answering_passage_at_the_precision_served():
-    scores = [float(x) for x in range(40)]  # 0 .. 39
-    assert calibrated_score(calibrated_card(scores), 0.1) == pytest.approx(3.9)  # numpy's linear quantile
-    high = [x + 100 for x in scores]
-    assert calibrated_score(calibrated_card(scores, high), 0.5) == pytest.approx(19.5)  # int8 unless told
-    assert calibrated_score(calibrated_card(scores, high, serving_precision="fp32"), 0.5) == pytest.approx(119.5)
-    assert calibrated_score(calibrated_card(scores[: MIN_CALIBRATION - 1]), 0.1) is None  # too few to read
-    assert calibrated_score(calibrated_card(scores, serving_precision="fp32"), 0.1) is None  # none for that precision
-    assert calibrated_score({"data": {"rationale_groups": 935}}, 0.1) is None  # an older card
-    assert calibrated_score({"calibration": "damaged"}, 0.1) is None
-
-
-def test_a_question_whose_passages_answer_nothing_keeps_only_what_is_near_its_best():
-    card = calibrated_card([float(x) for x in range(40)])
-    params = CompressionParams(nothing_relevant_quantile=0.5, nothing_relevant_relative=1.0).for_reranker(card)
-    assert (params.relative, params.nothing_relevant_score) == (params.rationale_relative, pytest.approx(19.5))
-    assert CompressionParams(nothing_relevant_quantile=None).for_reranker(card).nothing_relevant_score is None
-    assert CompressionParams(nothing_relevant_score=3.0).for_reranker(card).nothing_relevant_score == 3.0  # a set one stays
-    assert CompressionParams().for_reranker({"data": {"rationale_groups": 9}}).nothing_relevant_score is None
-    # a passage reaching the score: the question's rule unchanged; none reaching it: the tighter one
-    assert params.for_passages([19.5, 3.0]) is params
-    assert params.for_passages([19.4, 3.0]).relative == 1.0
-    assert params.for_passages([]) is params
-    assert replace(params, relative=0.5).for_passages([1.0]).relative == 0.5  # never looser than the rule
-    assert CompressionParams(nothing_relevant_score=5.0).for_passages([1.0]).relative is None  # the budget rule: unchanged
-    split = Split.of([["a1.", "a2.", "a3."], ["b1."]])
-    scores = [3.0, 2.5, 1.5, 0.0]
-    assert select(split, scores, params.for_passages([19.5, 3.0]), relative=True) == [True, True, True, True]
-    assert select(split, scores, params.for_passages([12.0, 3.0]), relative=True) == [True, True, False, True]
-
-
 def test_apply_marks_cuts_and_keeps_ids():
     split = Split.of_hits(HITS)
     kept = apply(HITS, split, [False, True, False, True, True, False])
@@ -190,8 +152,6 @@ def test_scores_combine_model_and_lexical_overlap():
     ({"passage_margin": -0.5}, "passage_margin must be at least 0, got -0.5"),
     ({"passage_budget_tokens": 0}, "passage_budget_tokens must be at least 1, got 0"),
     ({"relative": -1.0}, "relative must be at least 0, got -1.0"),
-    ({"nothing_relevant_relative": -1.0}, "nothing_relevant_relative must be at least 0, got -1.0"),
-    ({"nothing_relevant_quantile": 1.5}, "nothing_relevant_quantile must be within [0, 1], got 1.5"),
     ({"passage_prior": -0.5}, "passage_prior must be at least 0, got -0.5"),
     ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder, llm"),
 ])

@@ -6,7 +6,6 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.index.dense import DenseIndexKind
 from llmframe_ray.models.embedder import EmbeddingProvider
 from llmframe_ray.errors import ConfigError
-from llmframe_ray.retrieve.compress import CompressionParams
 from llmframe_ray.types import SearchMode
 
 SEED_VARS = ("HYBRID_SEARCH_ENABLED", "RERANKER_ENABLED", "EMBEDDING_PROVIDER", "CHUNK_SIZE", "CHUNK_OVERLAP")
@@ -198,24 +197,4 @@ def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
         load_settings()
     assert str(err.value) == (
         "invalid configuration: LLMFRAME_COMPRESSION_PASSAGE_PRIOR: Input should be greater than or equal to 0 (got '-1')"
-    )
-
-
-def test_compression_nothing_relevant_settings(monkeypatch):
-    compression = load_settings().params().service.compression
-    defaults = CompressionParams()
-    assert (compression.nothing_relevant_quantile, compression.nothing_relevant_relative) == (
-        defaults.nothing_relevant_quantile, defaults.nothing_relevant_relative
-    )
-    monkeypatch.setenv("LLMFRAME_COMPRESSION_NOTHING_RELEVANT_QUANTILE", "0.25")
-    monkeypatch.setenv("LLMFRAME_COMPRESSION_NOTHING_RELEVANT_RELATIVE", "1.5")
-    compression = load_settings().params().service.compression
-    assert (compression.nothing_relevant_quantile, compression.nothing_relevant_relative) == (0.25, 1.5)
-    monkeypatch.setenv("LLMFRAME_COMPRESSION_NOTHING_RELEVANT_QUANTILE", "none")
-    assert load_settings().params().service.compression.nothing_relevant_quantile is None
-    monkeypatch.setenv("LLMFRAME_COMPRESSION_NOTHING_RELEVANT_QUANTILE", "1.5")
-    with pytest.raises(ConfigError) as err:
-        load_settings()
-    assert str(err.value) == (
-        "invalid configuration: LLMFRAME_COMPRESSION_NOTHING_RELEVANT_QUANTILE: Input should be less than or equal to 1 (got '1.5')"
     )

@@ -12,8 +12,7 @@ from llmframe_ray.eval.beir import load_beir
 from llmframe_ray.eval.runner import check_reranker_data
 from llmframe_ray.models.cross_encoder import CrossEncoder, read_card
 from llmframe_ray.train.reranker import TrainConfig, build_groups, split_queries
-from llmframe_ray.train.run import CALIBRATION_TOP, relevant_scores, train_reranker
-from llmframe_ray.types import Hit, passage_text
+from llmframe_ray.train.run import train_reranker
 
 TOPICS = {
     "bread": "Sourdough bread rises because wild yeast ferments the dough.",
@@ -97,70 +96,7 @@ def test_model_folder_and_card(trained, dataset_dir):
     assert set(card["validation"]) == {
         "queries", "depth", "hybrid", "rerank-fp32", "rerank-int8", "rerank-fp32-rrf", "rerank-int8-rrf",
     }
-    assert set(card["calibration"]) == {"fp32", "int8"}
-    for entry in card["calibration"].values():
-        assert entry["top"] == CALIBRATION_TOP and entry["relevant_scores"] == sorted(entry["relevant_scores"])
-    # the two held-out questions each have one judged document, found by hybrid in this tiny corpus
-    assert len(card["calibration"]["int8"]["relevant_scores"]) == 2
-    held = split_queries(list(QUESTIONS), CONFIG.validation_fraction, CONFIG.seed)[1]
-    encoder = CrossEncoder(out, precision="int8")
-    assert encoder.served_card() == {**card, "serving_precision": "int8"}  # what a deployed Reranker reports
-    assert CrossEncoder(out, precision="fp32").served_card()["serving_precision"] == "fp32"
-    expected = sorted(
-        round(float(encoder.score(QUESTIONS[q][0], [passage_text(QUESTIONS[q][1].title(), TOPICS[QUESTIONS[q][1]])])[0]), 4)
-        for q in held
-    )
-    assert card["calibration"]["int8"]["relevant_scores"] == pytest.approx(expected, abs=2e-3)
     assert not any(p.name.startswith(".") for p in out.parent.iterdir())
-
-
-def test_the_calibration_reads_the_judged_documents_of_each_reranked_top_five():
-    hit = lambda d: Hit(doc_id=d, chunk_id=f"{d}#0", text=d, title="", score=1.0, rank=1, ranks={})
-    hybrid = {"q1": [hit(d) for d in "abcdefg"], "q2": [hit(d) for d in "xyz"]}
-    scores = {"q1": [0.5, 2.0, 1.0, 4.0, 3.0, -1.0], "q2": [7.0, 6.0, 5.0]}  # the scored head (6 of q1's 7)
-    fused = {"q1": [hit(d) for d in "dbecafg"], "q2": [hit(d) for d in "zyx"]}
-    qrels = {"q1": {"a": 1, "d": 2, "f": 1, "g": 1, "b": 0}, "q2": {"z": 1}}
-    # q1's top five are d, b, e, c, a: judged relevant d (4.0) and a (0.5); b is judged 0; f, g are below five
-    assert relevant_scores(hybrid, scores, fused, qrels) == [0.5, 4.0, 5.0]
-    assert relevant_scores(hybrid, scores, fused, {}) == []
-
-
-def test_revalidate_writes_the_same_validation_and_calibration_without_training(trained, dataset_dir, settings, tmp_path, monkeypatch):
-    """`train-reranker --revalidate`: a model whose card predates the calibration gets it (and
-    its validation figures again) from the queries its training held out; no weight changes."""
-    import shutil
-
-    from typer.testing import CliRunner
-
-    from llmframe_ray import cli
-    from llmframe_ray.models.cross_encoder import CARD_FILE
-
-    out, card = trained
-    old = tmp_path / "old"
-    shutil.copytree(out, old)
-    weights = (old / "model.int8.onnx").read_bytes()
-    (old / CARD_FILE).write_text(json.dumps({k: v for k, v in card.items() if k not in ("validation", "calibration")}))
-    monkeypatch.setenv("LLMFRAME_HOME", str(settings.home))
-    monkeypatch.setenv("LLMFRAME_NUM_THREADS", "2")
-    result = CliRunner().invoke(cli.app, ["train-reranker", "--revalidate", "--dataset", str(dataset_dir), "--out", str(old)])
-    assert result.exit_code == 0, result.output
-    again = read_card(old)
-    assert again["calibration"] == card["calibration"]
-    without_speed = lambda v: {k: ({m: x for m, x in f.items() if m != "pairs_per_s"} if isinstance(f, dict) else f) for k, f in v.items()}
-    assert without_speed(again["validation"]) == without_speed(card["validation"])  # pairs/s is timed afresh
-    assert (old / "model.int8.onnx").read_bytes() == weights
-    assert f"validated {old}: 2 steps" in result.output and "calibration int8: 2 judged-relevant passages in the reranked top 5" in result.output
-    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
-    # another dataset's folder, a folder without a model, no dataset: refused, nothing written
-    other = tmp_path / "other-beir"
-    shutil.copytree(dataset_dir, other)
-    refused = CliRunner().invoke(cli.app, ["train-reranker", "--revalidate", "--dataset", str(other), "--out", str(old)])
-    assert refused.exit_code == 2
-    assert f"error: {old} was trained on 'tiny-beir0' (train judgments); {other} holds other data" in refused.output
-    missing = CliRunner().invoke(cli.app, ["train-reranker", "--revalidate", "--dataset", str(dataset_dir), "--out", str(tmp_path / "none")])
-    assert missing.exit_code == 2 and f"error: --revalidate: {tmp_path / 'none'} holds no trained reranker (no {CARD_FILE})" in missing.output
-    no_data = CliRunner().invoke(cli.app, ["train-reranker", "--revalidate", "--out", str(old)])
-    assert no_data.exit_code == 2 and "error: --revalidate needs --dataset DIR: the BEIR folder the reranker was trained on" in no_data.output
 
 
 def test_training_is_deterministic(trained, dataset_dir, settings, tmp_path):
