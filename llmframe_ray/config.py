@@ -118,7 +118,7 @@ class Settings(PipelineSettings):
     reranker_revision: str | None = Field(None, validation_alias=_env("RERANKER_REVISION"))
     reranker_onnx_file: str | None = Field(None, validation_alias=_env("RERANKER_ONNX_FILE"))
     reranker_precision: Precision = Field(Precision.AUTO, validation_alias=_env("RERANKER_PRECISION"))
-    reranker_depth: int = Field(25, ge=1, le=1000, validation_alias=_env("RERANKER_DEPTH"))  # README "Reranking": the one-standard-error rule
+    reranker_depth: int = Field(RerankParams.depth, ge=1, le=1000, validation_alias=_env("RERANKER_DEPTH"))
     reranker_batch_size: int = Field(32, ge=1, le=1024, validation_alias=_env("RERANKER_BATCH_SIZE"))
     reranker_max_length: int | None = Field(None, ge=8, le=512, validation_alias=_env("RERANKER_MAX_LENGTH"))
     # (query, passage) scores kept per reranker, so a repeated query is not rescored; 0: none

@@ -54,7 +54,7 @@ class RerankParams:
     the evaluation all apply it through these methods)."""
 
     enabled: bool = False
-    depth: int = 25
+    depth: int = 25  # README "Reranking": the one-standard-error rule on held-out train queries (LLMFRAME_RERANKER_DEPTH)
     fusion: RerankFusion = RerankFusion.RRF
     rrf_k: int = 20
     weight: float | None = None  # the cross-encoder's RRF weight; None: by domain (domain_weight)
