@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+from numba import njit
 
 NO_KEYS = np.array([], dtype=np.str_)
 
@@ -46,6 +47,12 @@ class ShardAnswer:
         cls, per_query: Sequence[tuple[np.ndarray, np.ndarray]], doc_keys_of: Callable[[np.ndarray], np.ndarray]
     ) -> ShardAnswer:
         """From each query's (rows, scores); `doc_keys_of(rows)` gives the rows' document keys."""
+        if len(per_query) == 1:  # one query (the usual request): no concatenation
+            rows, scores = per_query[0]
+            if not len(rows):
+                return cls.empty(1)
+            rows, scores = np.asarray(rows, dtype=np.int64), np.asarray(scores, dtype=np.float32)
+            return cls(rows, scores, doc_keys_of(rows), np.array([0, len(rows)], dtype=np.int64))
         sizes = [len(rows) for rows, _ in per_query]
         offsets = np.zeros(len(per_query) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
@@ -156,6 +163,8 @@ def concat_keys(parts: Sequence[np.ndarray]) -> np.ndarray:
 
 def first_occurrences(values: np.ndarray) -> np.ndarray:
     """Ascending positions of the first occurrence of each distinct value."""
+    if values.dtype == np.int64:
+        return _int_first_occurrences(values)
     first = dense_codes(values)[1]
     first.sort()
     return first
@@ -164,7 +173,9 @@ def first_occurrences(values: np.ndarray) -> np.ndarray:
 def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Integer codes 0..n-1 for the n distinct `values`, in the values' order, and per code the
     position of its first occurrence. (A stable argsort: several times faster than np.unique
-    on the few hundred strings of one query's candidates.)"""
+    on the few hundred strings of one query's candidates; one compiled call on int64 keys.)"""
+    if values.dtype == np.int64:
+        return _int_dense_codes(values)
     order = np.argsort(values, kind="stable")
     ordered = values[order]
     new = np.ones(len(values), dtype=bool)
@@ -172,3 +183,52 @@ def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes = np.empty(len(values), dtype=np.int64)
     codes[order] = np.cumsum(new) - 1
     return codes, order[new]
+
+
+@njit(cache=True, nogil=True)
+def _distinct(values):  # pragma: no cover - compiled
+    """Per position its distinct value's number (numbered in order of first occurrence), and
+    per number the value's first position: one pass with an open-addressing table."""
+    n = len(values)
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = size - 1
+    seen = np.empty(size, dtype=np.int64)
+    number = np.full(size, -1, dtype=np.int64)
+    which = np.empty(n, dtype=np.int64)
+    firsts = np.empty(n, dtype=np.int64)
+    m = 0
+    for p in range(n):
+        v = values[p]
+        slot = (v * 0x9E3779B1) & mask
+        while number[slot] >= 0 and seen[slot] != v:
+            slot = (slot + 1) & mask
+        if number[slot] < 0:
+            number[slot] = m
+            seen[slot] = v
+            firsts[m] = p
+            m += 1
+        which[p] = number[slot]
+    return which, firsts[:m]
+
+
+@njit(cache=True, nogil=True)
+def _int_dense_codes(values):  # pragma: no cover - compiled
+    """dense_codes of int64 values: the distinct values found in one pass, then only they are
+    sorted (distinct, so any sort is stable)."""
+    which, firsts = _distinct(values)
+    order = np.argsort(values[firsts])  # numbers by value
+    code_of = np.empty(len(firsts), dtype=np.int64)
+    for code in range(len(order)):
+        code_of[order[code]] = code
+    codes = np.empty(len(values), dtype=np.int64)
+    for p in range(len(values)):
+        codes[p] = code_of[which[p]]
+    return codes, firsts[order]
+
+
+@njit(cache=True, nogil=True)
+def _int_first_occurrences(values):  # pragma: no cover - compiled
+    """first_occurrences of int64 values (positions of first occurrence, ascending as found)."""
+    return _distinct(values)[1]

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 _NO_RANK = np.iinfo(np.int64).max
+_PARTIAL_MAX = 64  # _fused_order keeps a sorted buffer below this limit
 
 
 @njit(cache=True, nogil=True)
@@ -70,9 +71,29 @@ def _before(score_a, best_a, key_a, score_b, best_b, key_b):  # pragma: no cover
 
 @njit(cache=True, nogil=True)
 def _fused_order(items, scores, best, limit):  # pragma: no cover - compiled
-    """`items` (distinct codes, each its own key) in fused order, at most `limit`: a stable
-    bottom-up merge sort."""
+    """`items` (distinct codes, each its own key) in fused order, at most `limit`: the best
+    `limit` kept in order as they come where `limit` is small (one query's top k), else a
+    stable bottom-up merge sort. Both give the one order, since no two items tie."""
     n = len(items)
+    if limit < _PARTIAL_MAX and limit < n:
+        top = np.empty(limit, dtype=np.int64)
+        kept = 0
+        for x in items:
+            if kept == limit:
+                w = top[kept - 1]
+                if not _before(scores[x], best[x], x, scores[w], best[w], w):
+                    continue
+                kept -= 1
+            i = kept
+            while i > 0:
+                y = top[i - 1]
+                if not _before(scores[x], best[x], x, scores[y], best[y], y):
+                    break
+                top[i] = y
+                i -= 1
+            top[i] = x
+            kept += 1
+        return top
     a = items.copy()
     b = np.empty(n, dtype=np.int64)
     width = 1

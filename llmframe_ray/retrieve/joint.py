@@ -232,9 +232,7 @@ def _dense(live: Live, vectors: np.ndarray, k: int, where: Filter | None) -> Fou
     group = _group(live)
     out = []
     for query in vectors:
-        center, bound = codes.bounds(query)
-        threshold = np.partition(center - bound, total - k)[total - k]
-        rows = np.flatnonzero(center + bound >= threshold).astype(np.int64)  # numbered shard after shard
+        rows = codes.candidates(query, k)  # numbered shard after shard
         scores = codes.rescore(query, rows)
         positions = group.position[rows]
         best = np.lexsort((positions, -scores.astype(np.float64)))[:k]

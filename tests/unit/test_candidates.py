@@ -66,6 +66,8 @@ def test_dense_codes_and_first_occurrences_agree_with_np_unique(seed):
     for values in (
         np.array([f"doc-{rng.randrange(15)}" for _ in range(n)], dtype=np.str_),
         np.array([rng.randrange(15) for _ in range(n)], dtype=np.int64),
+        # int64 keys anywhere in range (the compiled path hashes them)
+        np.array([rng.choice([-(2**63), -7, 0, 2**40 + 3, 2**63 - 1, rng.randrange(-(2**62), 2**62)]) for _ in range(n)], dtype=np.int64),
     ):
         distinct, first, inverse = np.unique(values, return_index=True, return_inverse=True)
         codes, firsts = dense_codes(values)

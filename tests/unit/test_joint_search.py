@@ -92,8 +92,8 @@ def test_the_prefilter_path_is_taken_where_it_should_be(shards, monkeypatch):
     total = sum(len(s) for s in shards)
     assert total >= prefilter.MIN_ROWS or total < 300  # the fixtures: one on each path
     calls = []
-    real = prefilter.Int8Prefilter.bounds
-    monkeypatch.setattr(prefilter.Int8Prefilter, "bounds", lambda self, q: calls.append(1) or real(self, q))
+    real = prefilter.Int8Prefilter.candidates
+    monkeypatch.setattr(prefilter.Int8Prefilter, "candidates", lambda self, q, k: calls.append(1) or real(self, q, k))
     search_together(list(enumerate(shards)), False, np.ones((1, DIM), dtype=np.float32), 10)
     assert len(calls) == (1 if prefilter.usable(total, 10) else 0)  # one scan over every shard's rows
 
