@@ -50,7 +50,7 @@ def run_plan(plan: Plan, backend: PlanBackend) -> list[list[Hit]]:
         while True:
             clock.asked()
             answers = list(backend.answer(requests))
-            clock.answered(_step(requests[0]))
+            clock.answered(_step(requests))
             requests = plan.send(answers)
     except StopIteration as done:
         clock.done()
@@ -65,7 +65,7 @@ async def run_plan_async(plan: Plan, backend: PlanBackend) -> list[list[Hit]]:
         while True:
             clock.asked()
             answers = list(await backend.answer(requests))
-            clock.answered(_step(requests[0]))
+            clock.answered(_step(requests))
             requests = plan.send(answers)
     except StopIteration as done:
         clock.done()
@@ -75,6 +75,9 @@ async def run_plan_async(plan: Plan, backend: PlanBackend) -> list[list[Hit]]:
 _STEPS = {Encode: "encode", SearchShard: "search", SearchShards: "search", SearchGraph: "graph", ReadChunks: "read"}
 
 
-def _step(request: Request) -> str:
-    """A plan step's name (its requests are all of one kind, searches of either ranker)."""
-    return _STEPS.get(type(request), "other")
+def _step(requests: Sequence[Request]) -> str:
+    """A plan step's name: "encode" for the step that encodes (the in-process plan asks the
+    first BM25 searches with it), else by its requests' kind (searches of either ranker)."""
+    if any(isinstance(request, Encode) for request in requests):
+        return "encode"
+    return _STEPS.get(type(requests[0]), "other")

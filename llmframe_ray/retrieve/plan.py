@@ -8,7 +8,8 @@ Serve Retriever with one call per shard group per step, local or through a deplo
 (`run_plan_async`; both drivers in retrieve/drive.py): both rank identically because the
 ranking logic exists once, here (and in retrieve/candidates.py, its array steps).
 
-    [encode] -> rounds of shard searches (bm25 and dense side by side) -> merge shards
+    [encode, asked after BM25's first searches] -> rounds of shard searches (bm25 and dense
+             side by side) -> merge shards
              -> [the graph's list, from whoever holds the knowledge graph (graph/rank.py)]
              -> (documents: best chunk per document) -> RRF (fused modes) -> read the chunks -> hits
 """
@@ -184,18 +185,19 @@ def retrieval_plan(
     """
     depth = max(top_k, fusion.fusion_depth) if mode.fused else top_k
     rankers: list[tuple[str, Any]] = []
+    encode = None
     if mode.uses_bm25:
         rankers.append((BM25, list(queries)))
     if mode.uses_dense:
         if vectors is None:
-            (vectors,) = yield [Encode(tuple(queries))]
-        rankers.append((DENSE, np.ascontiguousarray(vectors, dtype=np.float32)))
+            encode = Encode(tuple(queries))  # asked with the first searches, after them (_candidates)
+        rankers.append((DENSE, None if vectors is None else np.ascontiguousarray(vectors, dtype=np.float32)))
     if where is not None and where.empty:
         where = None
     per_ranker: dict[str, list[Candidates]] = {}
     if rankers:
-        per_ranker = yield from _candidates(
-            rankers, len(queries), depth, level, shard_sizes, _units(shard_sizes, together), where
+        per_ranker, vectors = yield from _candidates(
+            rankers, len(queries), depth, level, shard_sizes, _units(shard_sizes, together), where, encode
         )
     if mode.uses_graph:
         embedded = np.ascontiguousarray(vectors, dtype=np.float32) if mode.uses_dense else None
@@ -242,42 +244,53 @@ def _candidates(
     shard_sizes: Sequence[int],
     units: list[tuple[int, ...]],
     where: Filter | None = None,
-) -> Generator[list[Request], list[Any], dict[str, list[Candidates]]]:
-    """Each query's best chunks from every shard, merged, enough to rank `depth` items.
+    encode: Encode | None = None,
+) -> Generator[list[Request], list[Any], tuple[dict[str, list[Candidates]], Any]]:
+    """Each query's best chunks from every shard, merged, enough to rank `depth` items; and the
+    query vectors (None where no ranker is dense).
 
     At document level the number of chunks needed for `depth` distinct documents is not known
     in advance: start at 2 x depth and double, for the queries still short of `depth`
     documents, until they have them or the shards have nothing more to give. The rankers
     search side by side: one round asks every search unit (a shard, or shards searched as one)
-    for every ranker's pending queries.
+    for every ranker's pending queries. With `encode` (the dense ranker's inputs, None until
+    then), the first round asks the other rankers' searches and then the encoding, and the
+    dense searches start with the next round: a driver that answers in order runs BM25 before
+    the model, whose weights would otherwise have pushed BM25's data out of the caches (one
+    in-process hybrid query on SciFact: 0.15-0.18 ms faster, p50 4.47 against 4.62 ms). The
+    Serve Retriever encodes before its plan and passes the vectors, so its steps are as before.
     """
     total = sum(shard_sizes)
+    inputs = dict(rankers)
     out: dict[str, list[Candidates | None]] = {name: [None] * n_queries for name, _ in rankers}
     pending = {name: list(range(n_queries)) for name, _ in rankers}
-    k = min(depth if level is ResultLevel.CHUNK else 2 * depth, total)
-    while any(pending.values()):
+    first_k = min(depth if level is ResultLevel.CHUNK else 2 * depth, total)
+    k = {name: first_k for name, _ in rankers}  # each ranker's rounds ask first_k, then twice as many
+    while encode is not None or any(pending.values()):
         asked = [
-            (name, _search(name, unit, _select(inputs, pending[name]), min(k, sum(shard_sizes[s] for s in unit)), where))
-            for name, inputs in rankers if pending[name]
+            (name, _search(name, unit, _select(inputs[name], pending[name]), min(k[name], sum(shard_sizes[s] for s in unit)), where))
+            for name, _ in rankers if pending[name] and inputs[name] is not None
             for unit in units
         ]
-        answers = yield [request for _, request in asked]
-        for name, _ in rankers:
-            if not pending[name]:
-                continue
+        requests = [request for _, request in asked]
+        answers = yield (requests + [encode]) if encode is not None else requests
+        if encode is not None:
+            inputs[DENSE] = np.ascontiguousarray(answers[-1], dtype=np.float32)
+            answers, encode = answers[:-1], None
+        for name in dict.fromkeys(name for name, _ in asked):
             per_unit = [(req, ans) for (n, req), ans in zip(asked, answers) if n == name]
             still_short = []
             for j, i in enumerate(pending[name]):
-                merged = merge_parts(name, [answer.part(j, req.shard) for req, answer in per_unit], k)
+                merged = merge_parts(name, [answer.part(j, req.shard) for req, answer in per_unit], k[name])
                 exhausted = all(answer.count(j) < req.k for req, answer in per_unit)
                 enough = level is ResultLevel.CHUNK or merged.n_documents >= depth
-                if enough or exhausted or k >= total:
+                if enough or exhausted or k[name] >= total:
                     out[name][i] = merged
                 else:
                     still_short.append(i)
             pending[name] = still_short
-        k = min(2 * k, total)
-    return out  # type: ignore[return-value]
+            k[name] = min(2 * k[name], total)
+    return out, inputs.get(DENSE)  # type: ignore[return-value]
 
 
 def _search(name: str, unit: tuple[int, ...], inputs: Any, k: int, where: Filter | None) -> SearchShard | SearchShards:
