@@ -80,4 +80,4 @@ def _step(requests: Sequence[Request]) -> str:
     first BM25 searches with it), else by its requests' kind (searches of either ranker)."""
     if any(isinstance(request, Encode) for request in requests):
         return "encode"
-    return _STEPS.get(type(requests[0]), "other")
+    return _STEPS.get(type(requests[0]), "other") if requests else "other"

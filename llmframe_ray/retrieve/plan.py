@@ -267,9 +267,10 @@ def _candidates(
     first_k = min(depth if level is ResultLevel.CHUNK else 2 * depth, total)
     k = {name: first_k for name, _ in rankers}  # each ranker's rounds ask first_k, then twice as many
     while encode is not None or any(pending.values()):
+        ready = [name for name, _ in rankers if pending[name] and inputs[name] is not None]
         asked = [
             (name, _search(name, unit, _select(inputs[name], pending[name]), min(k[name], sum(shard_sizes[s] for s in unit)), where))
-            for name, _ in rankers if pending[name] and inputs[name] is not None
+            for name in ready
             for unit in units
         ]
         requests = [request for _, request in asked]
@@ -277,7 +278,7 @@ def _candidates(
         if encode is not None:
             inputs[DENSE] = np.ascontiguousarray(answers[-1], dtype=np.float32)
             answers, encode = answers[:-1], None
-        for name in dict.fromkeys(name for name, _ in asked):
+        for name in ready:
             per_unit = [(req, ans) for (n, req), ans in zip(asked, answers) if n == name]
             still_short = []
             for j, i in enumerate(pending[name]):
