@@ -33,7 +33,7 @@ from llmframe_ray.index.sparse import SparseParams
 from llmframe_ray.ingest.params import IngestParams
 from llmframe_ray.ingest.readers import DEFAULT_MAX_FILE_BYTES
 from llmframe_ray.models.cross_encoder import Precision
-from llmframe_ray.models.embedder import EmbedderParams, EmbeddingProvider, OpenAIEmbeddingParams
+from llmframe_ray.models.embedder import DEFAULT_BATCH_SIZE, EmbedderParams, EmbeddingProvider, OpenAIEmbeddingParams
 from llmframe_ray.models.runtime import available_threads
 from llmframe_ray.models.sources import RerankerModelParams
 from llmframe_ray.retrieve.params import RetrievalParams
@@ -60,7 +60,8 @@ class Settings(PipelineSettings):
     embedding_max_length: int = Field(
         256, ge=8, le=512, validation_alias=_env("EMBEDDING_MAX_LENGTH")
     )
-    embedding_batch_size: int = Field(32, ge=1, le=4096, validation_alias=_env("EMBEDDING_BATCH_SIZE"))
+    # texts per ONNX Runtime call (models/embedder.py: DEFAULT_BATCH_SIZE)
+    embedding_batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1, le=4096, validation_alias=_env("EMBEDDING_BATCH_SIZE"))
     num_threads: int | None = Field(None, ge=1, le=1024, validation_alias=_env("NUM_THREADS"))
     ort_spinning: bool = Field(True, validation_alias=_env("ORT_SPINNING"))
     solo_threads: int | None = Field(None, ge=1, le=1024, validation_alias=_env("SOLO_THREADS"))
@@ -135,7 +136,8 @@ class Settings(PipelineSettings):
 
     # Ingestion job (Ray Data)
     ingest_batch_size: int = Field(256, ge=1, le=65536, validation_alias=_env("INGEST_BATCH_SIZE"))
-    ingest_cpus_per_actor: int = Field(2, ge=1, le=256, validation_alias=_env("INGEST_CPUS_PER_ACTOR"))
+    # one-thread actors, one per CPU, embedded more per core than one actor of many threads (README)
+    ingest_cpus_per_actor: int = Field(1, ge=1, le=256, validation_alias=_env("INGEST_CPUS_PER_ACTOR"))
     ingest_embed_actors: int | None = Field(None, ge=1, le=1024, validation_alias=_env("INGEST_EMBED_ACTORS"))
     # a document file over this many bytes is refused unread (JSON Lines corpora: no limit)
     max_file_bytes: int = Field(DEFAULT_MAX_FILE_BYTES, ge=1, validation_alias=_env("MAX_FILE_BYTES"))

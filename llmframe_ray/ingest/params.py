@@ -12,7 +12,7 @@ class IngestParams:
     """The ingestion job's own knobs (Ray Data batch size and actors, versions kept)."""
 
     batch_size: int = 256
-    cpus_per_actor: int = 2
+    cpus_per_actor: int = 1
     embed_actors: int | None = None
     retention: int = 3
     local_cpus: int = 1  # CPUs of the local Ray started when RAY_ADDRESS is not set
