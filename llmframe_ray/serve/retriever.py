@@ -228,14 +228,15 @@ class RetrieverCore:
         return out  # type: ignore[return-value]
 
     async def _encode(self, queries: list[str]) -> list[np.ndarray | BaseException]:
-        """Each query's vector or its own error. Here: one query per model call, in this thread
-        (on 2 cores a padded batch cost more per query, a thread hand-off up to 2 ms); one replica
-        per core gives the parallelism. The only search on the machine runs through the solo
-        session, on the cores the idle replicas leave."""
+        """Each query's vector or its own error. Here: the queries through the model in this
+        thread (a thread hand-off cost up to 2 ms), in the embedder's small batches (batches of 4
+        ran faster per query than one at a time or 32, and a query's vector is the same alone or
+        in a batch: README "Ingestion job"); one replica per core gives the parallelism. The only
+        search on the machine runs through the solo session, on the cores the idle replicas leave."""
         if self.embedder is not None:
             solo = len(queries) == 1 and self.searches is not None and self.searches.alone()
             self.solo += solo
-            return [embed_each(self.embedder, [q], solo=solo)[0] for q in queries]
+            return embed_each(self.embedder, queries, solo=solo)
         try:
             return list(await self.encoder.encode_many.remote(queries))
         except Exception as exc:
