@@ -60,7 +60,6 @@ class Settings(PipelineSettings):
     embedding_max_length: int = Field(
         256, ge=8, le=512, validation_alias=_env("EMBEDDING_MAX_LENGTH")
     )
-    # texts per ONNX Runtime call (models/embedder.py: DEFAULT_BATCH_SIZE)
     embedding_batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1, le=4096, validation_alias=_env("EMBEDDING_BATCH_SIZE"))
     num_threads: int | None = Field(None, ge=1, le=1024, validation_alias=_env("NUM_THREADS"))
     ort_spinning: bool = Field(True, validation_alias=_env("ORT_SPINNING"))

@@ -228,11 +228,10 @@ class RetrieverCore:
         return out  # type: ignore[return-value]
 
     async def _encode(self, queries: list[str]) -> list[np.ndarray | BaseException]:
-        """Each query's vector or its own error. Here: the queries through the model in this
-        thread (a thread hand-off cost up to 2 ms), in the embedder's small batches (batches of 4
-        ran faster per query than one at a time or 32, and a query's vector is the same alone or
-        in a batch: README "Ingestion job"); one replica per core gives the parallelism. The only
-        search on the machine runs through the solo session, on the cores the idle replicas leave."""
+        """Each query's vector or its own error. Here: in this thread (a hand-off cost up to 2 ms),
+        in the embedder's batches of 4 (faster per query than 1 or 32, same vectors: README); one
+        replica per core gives the parallelism. The only search on the machine runs through the
+        solo session, on the cores the idle replicas leave."""
         if self.embedder is not None:
             solo = len(queries) == 1 and self.searches is not None and self.searches.alone()
             self.solo += solo
