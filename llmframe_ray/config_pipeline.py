@@ -33,11 +33,17 @@ class PipelineSettings(WriteSettings):
         550, ge=0, le=1_000_000, validation_alias=_env("COMPRESSION_PASSAGE_BUDGET_TOKENS")
     )
     # with a reranker deployed: keep every sentence within this of the best one instead of a
-    # budget ("auto": 5.5 where the reranker was trained with --rationales, else the budget;
+    # budget ("auto": 6.25 where the reranker was trained with --rationales, else the budget;
     # "none": the budget), and lower each sentence by this prior x its passage's distance from the
     # best passage (reranker logits)
     compression_relative: str = Field("auto", validation_alias=_env("COMPRESSION_RELATIVE"))
     compression_passage_prior: float = Field(1.0, ge=0, le=100, validation_alias=_env("COMPRESSION_PASSAGE_PRIOR"))
+    # under the relative rule: a passage whose best sentence is further than the relative
+    # threshold + this below the best one keeps nothing and leaves the list ("none": every
+    # passage keeps its best sentence)
+    compression_passage_drop: float | None = Field(
+        CompressionParams.passage_drop, ge=0, validation_alias=_env("COMPRESSION_PASSAGE_DROP")
+    )
 
     @field_validator("compression_relative", mode="before")
     @classmethod
@@ -53,7 +59,7 @@ class PipelineSettings(WriteSettings):
             raise ValueError("should be auto, none or a number of at least 0")
         return str(number)
 
-    @field_validator("compression_passage_margin", mode="before")
+    @field_validator("compression_passage_margin", "compression_passage_drop", mode="before")
     @classmethod
     def _margin(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none"):
@@ -80,7 +86,8 @@ class PipelineSettings(WriteSettings):
             budget_tokens=budget, threshold=self.compression_threshold, scorer=self.compression_scorer,
             passage_margin=self.compression_passage_margin,
             passage_budget_tokens=self.compression_passage_budget_tokens or None,
-            passage_prior=self.compression_passage_prior, **self._relative_params(),
+            passage_prior=self.compression_passage_prior, passage_drop=self.compression_passage_drop,
+            **self._relative_params(),
         )
 
     def _relative_params(self) -> dict[str, float | None]:

@@ -12,6 +12,9 @@ of itself than one that does not). Every passage keeps its best sentence, so eve
 still points at the document and chunk it came from with text that matters; the rest of the
 budget goes to the best sentences overall (optionally after per-passage quotas by length).
 
+Under the relative rule (a reranker trained on rationale sentences), a passage whose best sentence
+scores far below the question's best keeps nothing and leaves the list (`passage_drop`).
+
 Where a cross-encoder scores the whole passages too (a reranker is deployed), the passages it
 scores within `passage_margin` of the best one are kept whole, before the budget and over it if
 they must: on SciFact, whether a passage answers the question decides more of the gold
@@ -69,8 +72,14 @@ class CompressionParams:
     their passage's best. `rationale_relative`: the `relative` used where `relative` is unset and
     the deployed reranker was trained on rationale sentences (`for_reranker`), with no passage
     kept whole; None: never. `passage_prior`: with the reranker's passage scores, each
-    sentence's score + this x (its passage's score - the best passage's). 5.5 and 1.0 chosen on
-    those 81 claims for a reranker trained with `--rationales`, by the same rule."""
+    sentence's score + this x (its passage's score - the best passage's). 1.0 chosen on those
+    81 claims for a reranker trained with `--rationales`, by the same rule.
+
+    `passage_drop`: under the relative rule, a passage whose best sentence scores more than
+    `relative` + this below the question's best sentence keeps nothing, and its hit leaves the
+    compressed list (it holds nothing the question needs); None: every passage keeps its best
+    sentence. 2.0 and `rationale_relative` 6.25 chosen on the 81 held-out claims and on 404
+    claims held out by a second reranker (README "The advanced pipeline")."""
 
     budget_tokens: int | None = 750
     threshold: float | None = None
@@ -83,7 +92,8 @@ class CompressionParams:
     passage_budget_tokens: int | None = 550
     passage_prior: float = 1.0
     relative: float | None = None
-    rationale_relative: float | None = 5.5
+    rationale_relative: float | None = 6.25
+    passage_drop: float | None = 2.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scorer", Scorer.from_str(self.scorer))
@@ -91,7 +101,7 @@ class CompressionParams:
             raise ValueError("compression needs a token budget or a score threshold")
         if self.passage_margin is not None and not self.passage_margin >= 0:
             raise ValueError(f"passage_margin must be at least 0, got {self.passage_margin!r}")
-        for name in ("relative", "rationale_relative"):
+        for name in ("relative", "rationale_relative", "passage_drop"):
             if getattr(self, name) is not None and not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)!r}")
         if not self.passage_prior >= 0:
@@ -224,7 +234,9 @@ def select(split: Split, scores: Sequence[float], params: CompressionParams, who
     """Which sentences to keep (see the module docstring); every sentence of the `whole`
     passages (`whole_passages`) is kept, whatever the budget. `relative` (a reranker scored the
     passages, and `params.relative` is set): every sentence within `params.relative` of the best
-    one is kept, and no budget is filled."""
+    one is kept, and no budget is filled; with `params.passage_drop`, a passage whose best sentence
+    is further than `relative` + that below the best one keeps nothing (but what reaches
+    `params.threshold`)."""
     n = len(split.sentences)
     keep = [split.owner[i] in whole for i in range(n)]
     order = sorted(range(n), key=lambda i: (-scores[i], i))
@@ -235,8 +247,9 @@ def select(split: Split, scores: Sequence[float], params: CompressionParams, who
         keep[i] = True
     if relative and params.relative is not None and n:
         cut = scores[order[0]] - params.relative
-        return [k or scores[i] >= cut or (params.threshold is not None and scores[i] >= params.threshold)
-                for i, k in enumerate(keep)]
+        floor = -np.inf if params.passage_drop is None else cut - params.passage_drop
+        return [(scores[best[split.owner[i]]] >= floor and (k or scores[i] >= cut))
+                or (params.threshold is not None and scores[i] >= params.threshold) for i, k in enumerate(keep)]
     used: dict[int, int] = {}  # tokens kept per passage before the threshold and the budget
     for p, t, k in zip(split.owner, split.tokens, keep):
         used[p] = used.get(p, 0) + (t if k else 0)
@@ -263,7 +276,7 @@ def select(split: Split, scores: Sequence[float], params: CompressionParams, who
 
 def apply(hits: Sequence[Hit], split: Split, keep: Sequence[bool]) -> list[Hit]:
     """The hits with their text cut to the kept sentences, "..." marking each cut (ids, titles
-    and ranks unchanged)."""
+    and ranks unchanged); a hit of which nothing is kept is left out."""
     by_passage: list[list[tuple[str, bool]]] = [[] for _ in hits]
     for p, sentence, kept in zip(split.owner, split.sentences, keep):
         by_passage[p].append((sentence, kept))
@@ -275,6 +288,6 @@ def apply(hits: Sequence[Hit], split: Split, keep: Sequence[bool]) -> list[Hit]:
                 pieces.append(sentence)
             elif not pieces or pieces[-1] != ELLIPSIS:
                 pieces.append(ELLIPSIS)
-        text = " ".join(pieces).strip()
-        out.append(replace(hit, text=text) if any(k for _, k in sents) else hit)
+        if any(k for _, k in sents):
+            out.append(replace(hit, text=" ".join(pieces).strip()))
     return out

@@ -302,7 +302,7 @@ def test_with_a_relative_threshold_compression_keeps_what_scores_near_the_best_a
     query = "When did astronauts walk on the Moon?"
     settings = load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, api_secret_key=KEY,
                              compression_scorer="cross-encoder", compression_passage_margin="none",
-                             compression_relative="2.5", compression_budget_tokens=1)
+                             compression_relative="2.5", compression_budget_tokens=1, compression_passage_drop="none")
     pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
     hybrid = pipeline.search(query, "hybrid", 3)
     first, second = sentences(hybrid[0].text), sentences(hybrid[1].text)
@@ -312,9 +312,10 @@ def test_with_a_relative_threshold_compression_keeps_what_scores_near_the_best_a
         hybrid[1].passage: 3.0, hybrid[0].passage: 1.0, hybrid[2].passage: 0.0,
         texts(hybrid[1], second[0]): 5.0, texts(hybrid[0], first[0]): 4.5, texts(hybrid[0], first[1]): 4.0,
     }
-    # score = model + 0.3 x overlap + prior x (passage - 3.0) (not + the passage's best under this rule):
-    # second[0] 5.0 is the best (cut 2.5, at most 2.8 with overlap). Prior 1: first[0] 2.5, its
-    # passage's best, kept; first[1] 2.0 dropped. Prior 0: first[1] 4.0 kept.
+    # score = model + 0.3 x overlap + prior x (passage - 5.0) (not + the passage's best under this
+    # rule; the one-sentence second passage is scored as its sentence, 5.0): second[0] 5.0 is the
+    # best (cut 2.5, at most 2.8 with overlap). Prior 1: first[0] 0.5, its passage's best, kept;
+    # first[1] 0.0 dropped. Prior 0: first[1] 4.0 kept.
     for prior, first_kept in ((1.0, first[:1]), (0.0, first[:2])):
         reranker = PassageReranker(scores)
         stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=reranker)
@@ -327,11 +328,22 @@ def test_with_a_relative_threshold_compression_keeps_what_scores_near_the_best_a
         assert len(reranker.asked) == 2 and reranker.asked[0][-3:] == [h.passage for h in hybrid]
         # a request's budget replaces the relative rule: one token keeps each passage's best sentence
         assert compressed_pieces(budgeted)[:2] == [first[:1], second]
+    # LLMFRAME_COMPRESSION_PASSAGE_DROP: the third passage is one sentence, which the stand-in scores
+    # as the passage (0.0), less the prior's 5.0 (the one-sentence second passage is scored as its
+    # sentence, 5.0): about 10 below the best, further than the relative 2.5 + a drop of 5.0, so it
+    # keeps nothing and leaves the list (with no drop, above, it kept its one sentence)
+    assert len(sentences(hybrid[2].text)) == 1
+    dropping = load_settings(**{**settings.model_dump(), "compression_passage_drop": 5.0})
+    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=PassageReranker(scores))
+    with TestClient(create_app(RagService(stages, dropping.params().service), ApiKeys.from_settings(settings))) as c:
+        found = search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"]
+    assert [h["doc_id"] for h in found] == [h.doc_id for h in hybrid[:2]]
+    assert compressed_pieces(found) == [[" ".join(first[:1])], second]
 
 
 @pytest.mark.parametrize("trained_on_sentences", [True, False])
 def test_a_reranker_trained_on_rationale_sentences_gets_the_relative_rule_by_default(index_dir, embedder, trained_on_sentences):
-    """LLMFRAME_COMPRESSION_RELATIVE=auto (the default): the relative rule (5.5, no passage kept
+    """LLMFRAME_COMPRESSION_RELATIVE=auto (the default): the relative rule (6.25, no passage kept
     whole) where the reranker's card says it was trained with --rationales; the passage margin
     and the budget otherwise."""
     query = "When did astronauts walk on the Moon?"
@@ -352,9 +364,11 @@ def test_a_reranker_trained_on_rationale_sentences_gets_the_relative_rule_by_def
     with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
         kept = compressed_pieces(search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"])
     if trained_on_sentences:
-        # prior 1.0: first[0] 2.5, first[1] 2.0 within 5.5 of second[0] (5.0); first[2] -3.0 is not
-        assert kept[0] == [" ".join(first[:2])] and kept[1] == second
+        # the one-sentence hybrid[1] is scored as its sentence (5.0): the best passage. Prior 1.0:
+        # first[0] 0.5 and first[1] 0.0 are within 6.25 of second[0] (5.0), first[2] -5.0 is not;
+        # hybrid[2], one sentence scored as its passage (0.0, -5.0 with the prior), is further than
+        # 6.25 + 2.0 (the passage drop) below the best: it keeps nothing and leaves the list
+        assert kept == [[" ".join(first[:2])], second]
     else:
-        # margin 1.0: only hybrid[1] (3.0) is whole; the budget of one token adds nothing to the bests
-        assert kept[0] == first[:1] and kept[1] == second
-    assert len(kept[2]) == 1
+        # margin 1.0: only hybrid[1] (5.0) is whole; the budget of one token adds nothing to the bests
+        assert kept[0] == first[:1] and kept[1] == second and len(kept[2]) == 1

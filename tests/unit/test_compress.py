@@ -104,6 +104,26 @@ def test_a_relative_threshold_keeps_what_scores_near_the_best_sentence_and_fills
     assert select(split, scores, with_threshold, relative=True) == [False, True, True, True, True, False]
 
 
+def test_under_the_relative_rule_a_passage_far_below_the_best_sentence_keeps_nothing_and_leaves_the_list():
+    split = Split.of_hits(HITS)
+    scores = [0.1, 0.9, 0.2, 0.5, 0.3, 0.1]
+    params = CompressionParams(budget_tokens=100, relative=0.45, passage_drop=0.2)
+    # the relative cut is 0.45; passage b's best (Zeta, 0.3) is 0.15 under it: kept at a drop of
+    # 0.2, dropped at 0.1 (and at 0: a passage must then reach the cut)
+    assert select(split, scores, params, relative=True) == [False, True, False, True, True, False]
+    dropped = select(split, scores, replace(params, passage_drop=0.1), relative=True)
+    assert dropped == [False, True, False, True, False, False]
+    assert select(split, scores, replace(params, passage_drop=0.0), relative=True) == dropped
+    assert select(split, [0.1, 0.9, 0.2, 0.5, 0.6, 0.1], replace(params, passage_drop=0.0), relative=True) == [
+        False, True, False, True, True, False]
+    kept = apply(HITS, split, dropped)
+    assert [(h.doc_id, h.text) for h in kept] == [("a", "... Beta two is here. ... Delta.")]
+    # what reaches a configured threshold stays; the drop applies under the relative rule only
+    assert select(split, scores, replace(params, passage_drop=0.1, threshold=0.3), relative=True) == [
+        False, True, False, True, True, False]
+    assert select(split, scores, replace(params, passage_drop=0.0)) == [True] * 6
+
+
 def test_the_passage_prior_lowers_sentences_of_passages_the_reranker_rates_below_the_best():
     params = CompressionParams(lexical=0.0, passage=0.0, passage_prior=0.5)
     # passage 1 scores 2.0 below passage 0: its sentences lose 0.5 x 2.0
@@ -116,10 +136,10 @@ def test_a_reranker_trained_on_rationale_sentences_switches_to_the_relative_rule
     sentences_card = {"data": {"dataset": "scifact", "rationale_groups": 935}}
     assert scores_sentences(sentences_card) and not scores_sentences({"data": {"groups": 9}}) and not scores_sentences({})
     params = CompressionParams()
-    assert (params.relative, params.rationale_relative, params.passage_margin) == (None, 5.5, 1.0)
+    assert (params.relative, params.rationale_relative, params.passage_margin) == (None, 6.25, 1.0)
     assert params.for_reranker({"data": {}}) == params
     switched = params.for_reranker(sentences_card)
-    assert (switched.relative, switched.passage_margin) == (5.5, None)
+    assert (switched.relative, switched.passage_margin) == (6.25, None)
     assert CompressionParams(relative=2.0).for_reranker(sentences_card).relative == 2.0  # a set one stays
     assert CompressionParams(rationale_relative=None).for_reranker(sentences_card).relative is None
     # under the relative rule a sentence is scored on its own (with the prior), not its passage's best
@@ -153,6 +173,7 @@ def test_scores_combine_model_and_lexical_overlap():
     ({"passage_budget_tokens": 0}, "passage_budget_tokens must be at least 1, got 0"),
     ({"relative": -1.0}, "relative must be at least 0, got -1.0"),
     ({"passage_prior": -0.5}, "passage_prior must be at least 0, got -0.5"),
+    ({"passage_drop": -1.0}, "passage_drop must be at least 0, got -1.0"),
     ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder, llm"),
 ])
 def test_bad_compression_params(kwargs, message):

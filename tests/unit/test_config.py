@@ -177,7 +177,7 @@ def test_compression_passage_settings(monkeypatch):
 
 def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
     compression = load_settings().params().service.compression  # auto: by the reranker's card
-    assert (compression.relative, compression.rationale_relative, compression.passage_prior) == (None, 5.5, 1.0)
+    assert (compression.relative, compression.rationale_relative, compression.passage_prior) == (None, 6.25, 1.0)
     monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "4.5")
     monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_PRIOR", "1.5")
     compression = load_settings().params().service.compression
@@ -197,4 +197,17 @@ def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
         load_settings()
     assert str(err.value) == (
         "invalid configuration: LLMFRAME_COMPRESSION_PASSAGE_PRIOR: Input should be greater than or equal to 0 (got '-1')"
+    )
+
+
+def test_compression_passage_drop_setting(monkeypatch):
+    assert load_settings().params().service.compression.passage_drop == 2.0
+    for text, value in (("none", None), ("", None), ("0.5", 0.5)):
+        monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_DROP", text)
+        assert load_settings().params().service.compression.passage_drop == value
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_DROP", "-1")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert str(err.value) == (
+        "invalid configuration: LLMFRAME_COMPRESSION_PASSAGE_DROP: Input should be greater than or equal to 0 (got '-1')"
     )
