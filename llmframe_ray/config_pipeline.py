@@ -61,7 +61,7 @@ class PipelineSettings(WriteSettings):
 
     @field_validator("compression_passage_margin", "compression_passage_drop", mode="before")
     @classmethod
-    def _margin(cls, value: object) -> object:
+    def _none_or_number(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none"):
             return None
         return value
