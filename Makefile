@@ -45,7 +45,7 @@ browser:
 
 # pytest exits 5 when it collected no test: that is a failure here.
 test: setup browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(BIN)/python -X faulthandler -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean:

@@ -28,6 +28,28 @@ def tier_of(item: pytest.Item) -> str:
     return "unit"
 
 
+# CI once printed "1121 passed" and then the process died with SIGSEGV while the interpreter
+# tore down (torch, FAISS and Ray's core worker are all loaded here, with two copies of libgomp);
+# a full rerun here exited cleanly. Once pytest has written its report, the process leaves with
+# pytest's own exit status and skips that native teardown. LLMFRAME_TEST_TEARDOWN=1 keeps it
+# (to reproduce the crash, with `python -X faulthandler -m pytest`).
+def pytest_sessionfinish(session, exitstatus):
+    session.config._llmframe_session = session
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    import os
+    import sys
+
+    session = getattr(config, "_llmframe_session", None)
+    if session is None or os.environ.get("LLMFRAME_TEST_TEARDOWN") == "1":
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(session.exitstatus))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         tier = tier_of(item)
