@@ -54,11 +54,15 @@ def serve_until_stopped(
             f'  curl -s {url}/v1/search -H "X-API-Key: $API_SECRET_KEY" '
             """-H 'Content-Type: application/json' -d '{"query": "your question", "top_k": 5}'"""
         )
+        configs = haproxy_configs(haproxy_descendants())  # while they are surely below this process
         while not stop:
             signal.pause()
         proxies = haproxy_descendants()
+        configs |= haproxy_configs(proxies)
         serve.shutdown()
-    stop_leftovers(proxies)
+    stopped = stop_leftovers(proxies + haproxy_serving(configs, exclude=proxies))
+    if stopped:
+        say(f"stopped HAProxy left running by Ray's shutdown: pid {', '.join(map(str, stopped))}")
 
 
 def haproxy_descendants() -> list:
@@ -76,9 +80,48 @@ def haproxy_descendants() -> list:
     return found
 
 
-def stop_leftovers(processes: list, timeout_s: float = 5.0) -> None:
+def haproxy_configs(processes: list) -> set[str]:
+    """The configuration files (`-f FILE`) these HAProxy processes were started with. Serve's
+    HAProxy keeps its file across reloads, so it names this server's HAProxy even after its pid
+    has changed, or after it has lost its parent (see `haproxy_serving`)."""
+    import psutil
+
+    found = set()
+    for proc in processes:
+        try:
+            args = proc.cmdline()
+        except psutil.Error:
+            continue
+        found.update(value for flag, value in zip(args, args[1:]) if flag == "-f")
+    return found
+
+
+def haproxy_serving(configs: set[str], exclude: list = ()) -> list:
+    """Every running HAProxy started with one of `configs` (none for none), except `exclude`.
+    Where the whole process group gets SIGTERM, Ray's raylet dies at once and takes Serve's
+    proxy actor with it; its HAProxy, now a child of init, is no longer below this process and
+    kept port 8000 (seen once after a benchmark). Its configuration file still names it."""
+    import psutil
+
+    if not configs:
+        return []
+    skip = {proc.pid for proc in exclude}
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid in skip or not os.path.basename(proc.exe()).startswith("haproxy"):
+                continue
+            if haproxy_configs([proc]) & configs:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def stop_leftovers(processes: list, timeout_s: float = 5.0) -> list[int]:
     """Stop what Ray's shutdown left running: a HAProxy whose proxy actor was killed before it
-    could stop it (seen when Serve's controller took over 30 s to shut down) would keep its port."""
+    could stop it (seen when Serve's controller took over 30 s to shut down) would keep its port.
+    Returns the pids of those that were still running."""
     import psutil
 
     alive = [p for p in processes if p.is_running()]
@@ -94,6 +137,7 @@ def stop_leftovers(processes: list, timeout_s: float = 5.0) -> None:
         except psutil.Error:
             continue
     psutil.wait_procs(still, timeout=timeout_s)
+    return [proc.pid for proc in alive]
 
 
 def serve_speed_settings(deadline_s: float | None = None) -> dict[str, str]:
