@@ -345,7 +345,7 @@ def serve_command(
     interrupted (Ctrl-C or SIGTERM), then shuts the app down.
     """
     from llmframe_ray.serve.app import AppArgs, local_layout
-    from llmframe_ray.serve.run import serve_until_stopped
+    from llmframe_ray.serve.run import PortInUseError, serve_until_stopped
 
     cpus = _settings().threads
     if layout == "local":
@@ -354,7 +354,10 @@ def serve_command(
         args = AppArgs(index_dir=str(index), reranker=reranker, shards_per_group=1)
     else:
         raise typer.BadParameter(f"unknown layout {layout!r}; valid layouts: local, dag", param_hint="--layout")
-    serve_until_stopped(args, host, port, cpus, typer.echo)
+    try:
+        serve_until_stopped(args, host, port, cpus, typer.echo)
+    except PortInUseError as exc:
+        _fail(str(exc), code=1)
 
 
 from llmframe_ray.cli_graph import graph_app  # noqa: E402  (the `graph` commands)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import shutil
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import Callable
@@ -28,6 +30,7 @@ def serve_until_stopped(
     if not os.environ.get("RAY_ADDRESS"):  # the local Ray started here gets Serve's fast path
         for name, value in serve_speed_settings(deadline).items():
             os.environ.setdefault(name, value)
+        check_ports(host, port, haproxy=os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1")
     running: list[bool] = []
 
     def on_signal(number: int, frame: object) -> None:
@@ -63,6 +66,56 @@ def serve_until_stopped(
     stopped = stop_leftovers(proxies + haproxy_serving(configs, exclude=proxies))
     if stopped:
         say(f"stopped HAProxy left running by Ray's shutdown: pid {', '.join(map(str, stopped))}")
+
+
+class PortInUseError(RuntimeError):
+    """A port the server must listen on is taken (before Ray starts, which would otherwise end in
+    a long traceback from HAProxy's or the proxy's startup)."""
+
+
+def check_ports(host: str, port: int, haproxy: bool) -> None:
+    """Raise PortInUseError naming each port that something already listens on: `port` on
+    `host`, and with `haproxy` the stats and metrics ports that Serve's HAProxy opens on every
+    interface (RAY_SERVE_HAPROXY_STATS_PORT, ..._METRICS_PORT: 8404, 9101)."""
+    wanted = [(host, port, f"--port {port}")]
+    if haproxy:
+        wanted += [
+            ("0.0.0.0", int(os.environ.get("RAY_SERVE_HAPROXY_STATS_PORT", "8404")), "HAProxy's stats port"),
+            ("0.0.0.0", int(os.environ.get("RAY_SERVE_HAPROXY_METRICS_PORT", "9101")), "HAProxy's metrics port"),
+        ]
+    taken = [f"{what} ({where}:{number}) is in use{_listener(number)}" for where, number, what in wanted
+             if not _can_bind(where, number)]
+    if taken:
+        hint = "stop what holds it, or serve on another --port"
+        if haproxy:
+            hint += " (RAY_SERVE_ENABLE_HA_PROXY=0 serves without HAProxy and its two ports)"
+        raise PortInUseError("; ".join(taken) + f": {hint}")
+
+
+def _can_bind(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no obstacle
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def _listener(port: int) -> str:
+    """", by pid N (name)" for the process listening on `port`, where this user may see it."""
+    import psutil
+
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                return f", by pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+    except (psutil.Error, OSError):
+        pass
+    return ""
 
 
 def haproxy_descendants() -> list:
