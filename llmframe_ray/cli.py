@@ -377,6 +377,13 @@ def mcp_command(
     run(url, None, http, host)
 
 
+def _click_error(exc: Exception) -> bool:
+    """A click usage error (missing argument, bad value, unknown command), from click itself or
+    from the copy of click that typer bundles since 0.2x (`typer._click`, whose classes are not
+    click's: checked by class, a usage error printed a traceback)."""
+    return any(cls.__name__ == "ClickException" for cls in type(exc).__mro__) and hasattr(exc, "show")
+
+
 def main() -> None:
     try:
         # without standalone mode, click returns an Exit's code instead of raising it
@@ -387,9 +394,7 @@ def main() -> None:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except Exception as exc:  # click's usage errors arrive here in non-standalone mode
-        from click.exceptions import ClickException
-
-        if isinstance(exc, ClickException):
+        if _click_error(exc):
             exc.show()
             sys.exit(exc.exit_code)
         raise
