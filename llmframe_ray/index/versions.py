@@ -76,6 +76,8 @@ class LoadedIndex:
 class IndexDirectory:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        if self.root.exists() and not self.root.is_dir():  # else a FileExistsError deep in a write
+            raise IndexLoadError(f"{self.root} is a file, not an index folder; give a folder (new or holding an index)")
 
     @property
     def versions_dir(self) -> Path:
