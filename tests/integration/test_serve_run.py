@@ -101,4 +101,8 @@ def test_llmframe_serve_command_answers_and_exits_zero(tmp_path, index):
     port = free_port()
     command = [str(BIN / "llmframe-ray"), "serve", "--index", str(index), "--port", str(port), "--no-reranker"]
     code = serve_and_stop(command, f"http://127.0.0.1:{port}", tmp_path / "cli.log")
-    assert code == 0, (tmp_path / "cli.log").read_text()[-3000:]
+    log = (tmp_path / "cli.log").read_text()
+    assert code == 0, log[-3000:]
+    # the Ingress replicas no longer hold Serve's 30 s drain for an external load balancer, which
+    # ran every stop into the controller's own 30 s shutdown limit
+    assert "Controller failed to shut down" not in log, log[-3000:]
