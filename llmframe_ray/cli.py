@@ -118,6 +118,16 @@ def index_info(
         typer.echo("knowledge graph: none (llmframe-ray graph build --index INDEX)")
 
 
+def _served_version(index: Path) -> str | None:
+    """The version an index folder's CURRENT names (None: none yet, or no index there)."""
+    from llmframe_ray.index.versions import IndexDirectory
+
+    try:
+        return IndexDirectory(index).current_version()
+    except LLMFrameError:
+        return None
+
+
 @app.command()
 def ingest(
     sources: Optional[List[str]] = typer.Argument(None, help="Files, folders, globs or JSONL / BEIR corpus files."),
@@ -154,6 +164,7 @@ def ingest(
     except FilterError as exc:
         _fail(f"--namespace: {exc}")
     params = _settings().params()
+    before = _served_version(index)
     try:
         result = run_ingest(sources or [], index, params, shards=shards, deletes=[internal_id(namespace, d) for d in delete or []],
                             log=lambda line: typer.echo(line, err=True), namespace=namespace, graph=graph,
@@ -162,6 +173,13 @@ def ingest(
         _fail(str(exc))
     except (PlanError, DocumentReadError, IndexBusyError, ConfigError):
         raise  # bad arguments or input: exit 2 (main)
+    except KeyboardInterrupt:  # Ctrl-C: a version is published whole or not at all
+        after = _served_version(index)
+        if after == before:
+            typer.echo(f"interrupted: nothing was published; {index} still serves {after or 'no version'}", err=True)
+        else:
+            typer.echo(f"interrupted after publishing {after} in {index}", err=True)
+        raise typer.Exit(130)
     except Exception as exc:  # the job itself failed: CURRENT still serves the previous version
         typer.echo(f"error: ingestion failed: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1)
@@ -327,54 +345,12 @@ def _train_reranker(
             typer.echo(f"  validation {name}: nDCG@10 {figures['nDCG@10']:.4f}")
 
 
-@app.command("serve")
-def serve_command(
-    index: Path = typer.Option(..., "--index", help="Index directory; its CURRENT version is served, and newer ones as they are published."),
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port", min=1, max=65535),
-    reranker: Optional[bool] = typer.Option(None, "--reranker/--no-reranker", help="Deploy the cross-encoder (default: RERANKER_ENABLED)."),
-    layout: str = typer.Option(
-        "local", "--layout",
-        help="local: retrieval inside each Ingress replica, one per core (fastest on one machine); "
-        "dag: QueryEncoder, Retriever and one ShardGroup per shard as their own replicas.",
-    ),
-) -> None:
-    """Serve an index over HTTP with Ray Serve (the app of `serve run deployments/local.yaml`).
-
-    Uses RAY_ADDRESS when set, else starts a local Ray with this machine's CPUs; runs until
-    interrupted (Ctrl-C or SIGTERM), then shuts the app down.
-    """
-    from llmframe_ray.serve.app import AppArgs, local_layout
-    from llmframe_ray.serve.run import PortInUseError, serve_until_stopped
-
-    cpus = _settings().threads
-    if layout == "local":
-        args = local_layout(str(index), cpus, reranker=reranker)
-    elif layout == "dag":
-        args = AppArgs(index_dir=str(index), reranker=reranker, shards_per_group=1)
-    else:
-        raise typer.BadParameter(f"unknown layout {layout!r}; valid layouts: local, dag", param_hint="--layout")
-    try:
-        serve_until_stopped(args, host, port, cpus, typer.echo)
-    except PortInUseError as exc:
-        _fail(str(exc), code=1)
-
-
 from llmframe_ray.cli_graph import graph_app  # noqa: E402  (the `graph` commands)
+from llmframe_ray.cli_serve import mcp_command, serve_command  # noqa: E402  (`serve` and `mcp`)
 
 app.add_typer(graph_app, name="graph")
-
-
-@app.command("mcp")
-def mcp_command(
-    url: str = typer.Option(..., "--url", help="The served app's base URL, e.g. http://127.0.0.1:8000 (API key: $API_SECRET_KEY)."),
-    http: Optional[int] = typer.Option(None, "--http", min=1, max=65535, help="Serve streamable HTTP on this port (path /mcp) instead of stdio."),
-    host: str = typer.Option("127.0.0.1", "--host", help="The address --http listens on."),
-) -> None:
-    """MCP server with the retrieve_context and answer tools, against a served app."""
-    from llmframe_ray.tools.mcp_server import run
-
-    run(url, None, http, host)
+app.command("serve")(serve_command)
+app.command("mcp")(mcp_command)
 
 
 def _click_error(exc: Exception) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
+import subprocess
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,6 +27,19 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError("no free port outside the ephemeral and Ray worker ranges")
+
+
+def session_leftovers(session: int, wait_s: float = 30.0) -> list[str]:
+    """`ps` lines of the processes still running in session `session` (a command started with
+    start_new_session=True), after up to `wait_s` for them to exit (Ray's take some seconds
+    after the command's own process); zombies do not count."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        listing = subprocess.run(["ps", "-o", "pid=,stat=,cmd=", "-s", str(session)], capture_output=True, text=True).stdout
+        left = [line for line in listing.splitlines() if "Z" not in line.split()[1]]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
 
 
 def _ephemeral_ports() -> tuple[int, int]:

@@ -21,7 +21,7 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
 from llmframe_ray.types import Document
-from tests.serving import free_port
+from tests.serving import free_port, session_leftovers
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -73,14 +73,7 @@ def serve_and_stop(command: list[str], url: str, log_path: Path) -> int:
             pytest.fail("the app did not exit within 90 s of SIGTERM")
         log.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    # Ray's processes get some seconds to exit after the app's own process; zombies do not count
-    deadline = time.monotonic() + 30
-    while True:
-        listing = subprocess.run(["ps", "-o", "pid=,stat=,cmd=", "-s", str(process.pid)], capture_output=True, text=True).stdout
-        leftovers = [line for line in listing.splitlines() if "Z" not in line.split()[1]]
-        if not leftovers or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    leftovers = session_leftovers(process.pid)
     if leftovers:
         os.killpg(process.pid, signal.SIGKILL)
     assert leftovers == [], "processes left behind:\n" + "\n".join(leftovers)
