@@ -1,6 +1,7 @@
 """Shared fixtures. Models and built test indexes are cached under LLMFRAME_HOME (default: the
 user's cache folder), so only the first run pays for the ONNX export and the SciFact index."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,16 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     return ensure_local_model(load_settings().models_dir)
+
+
+def cli_env(home: Path, model_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment for running `llmframe-ray` as a subprocess with its own LLMFRAME_HOME in
+    `home`, whose models folder links the exported model (so no test exports it again), and
+    without RAY_ADDRESS (a command that needs Ray starts its own)."""
+    (home / "models").mkdir(parents=True)
+    os.symlink(model_dir, home / "models" / model_dir.name)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return {**env, "LLMFRAME_HOME": str(home), **extra}
 
 
 @pytest.fixture(scope="session")

@@ -10,16 +10,14 @@ import sys
 from pathlib import Path
 
 from llmframe_ray.index.versions import IndexDirectory
+from tests.conftest import cli_env
 from tests.serving import session_leftovers
 
 BIN = Path(sys.executable).parent
 
 
 def test_ctrl_c_during_ingest_keeps_the_served_version(tmp_path, model_dir):
-    home = tmp_path / "home"
-    (home / "models").mkdir(parents=True)
-    os.symlink(model_dir, home / "models" / model_dir.name)  # reuse the exported model
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"LLMFRAME_HOME": str(home), "LLMFRAME_NUM_THREADS": "1"}
+    env = cli_env(tmp_path / "home", model_dir, LLMFRAME_NUM_THREADS="1")
     docs, index = tmp_path / "docs", tmp_path / "index"
     docs.mkdir()
     (docs / "first.txt").write_text("Tides follow the Moon.\n")

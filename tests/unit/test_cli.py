@@ -1,19 +1,17 @@
 """The `llmframe-ray` command, run as a user runs it (a subprocess), on small data."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.conftest import cli_env
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, model_dir):
-    home = tmp_path_factory.mktemp("home")
-    (home / "models").mkdir()
-    os.symlink(model_dir, home / "models" / model_dir.name)  # reuse the exported model
-    return {**os.environ, "LLMFRAME_HOME": str(home), "LLMFRAME_NUM_THREADS": "2"}
+    return cli_env(tmp_path_factory.mktemp("cli") / "home", model_dir, LLMFRAME_NUM_THREADS="2")
 
 
 def cli(env, *args):

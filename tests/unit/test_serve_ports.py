@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from llmframe_ray.serve.run import PortInUseError, check_ports
+from tests.conftest import cli_env
 
 
 @pytest.fixture
@@ -55,13 +56,9 @@ def test_haproxy_ports_are_checked_only_when_haproxy_serves(listener, monkeypatc
 
 
 def test_the_command_exits_1_with_the_message_and_starts_no_ray(listener, tmp_path, model_dir):
-    home = tmp_path / "home"
-    (home / "models").mkdir(parents=True)
-    os.symlink(model_dir, home / "models" / model_dir.name)  # reuse the exported model
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("Reciprocal rank fusion merges ranked lists.\n")
-    env = {**os.environ, "API_SECRET_KEY": "k", "LLMFRAME_HOME": str(home), "LLMFRAME_NUM_THREADS": "1"}
-    env.pop("RAY_ADDRESS", None)
+    env = cli_env(tmp_path / "home", model_dir, API_SECRET_KEY="k", LLMFRAME_NUM_THREADS="1")
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "llmframe_ray.cli", *args], env=env, capture_output=True, text=True, timeout=120)
