@@ -50,6 +50,8 @@ class Choice(str, enum.Enum):
 
     @classmethod
     def from_str(cls: type[E], value: object) -> E:
+        if isinstance(value, cls):  # the usual case, on every request: no label, no parsing
+            return value
         return parse_enum(cls, value, cls.label())
 
 

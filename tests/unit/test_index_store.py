@@ -82,6 +82,8 @@ def test_store_rejects_rows_out_of_range():
     for row in (5, -1):
         with pytest.raises(IndexError, match=f"row {row} is out of range for a store of 5 chunks"):
             store.get(row)
+        with pytest.raises(IndexError, match=f"row {row} is out of range for a store of 5 chunks"):
+            store.get_many([0, row])
 
 
 def test_store_detects_a_truncated_bin_file(tmp_path):
