@@ -106,7 +106,15 @@ class ChunkStore:
         data, offsets = self._data, self._offsets
         starts, ends = offsets[rows].tolist(), offsets[np.add(rows, 1)].tolist()
         records = b",".join([data[start:end].tobytes() for start, end in zip(starts, ends)])
-        return [Chunk(**record) for record in json.loads((b"[" + records + b"]").decode("utf-8"))]
+        try:
+            parsed = json.loads((b"[" + records + b"]").decode("utf-8"))
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, list) or len(parsed) != len(rows) or not all(isinstance(r, dict) for r in parsed):
+            # a damaged record (it may even parse, merged with its neighbours): read them one
+            # by one, so that the error names what a single read names
+            return [self.get(row) for row in rows]
+        return [Chunk(**record) for record in parsed]
 
     def __iter__(self) -> Iterator[Chunk]:
         return (self.get(row) for row in range(len(self)))

@@ -86,6 +86,22 @@ def test_store_rejects_rows_out_of_range():
             store.get_many([0, row])
 
 
+def test_a_damaged_record_fails_a_read_of_many_as_it_fails_a_read_of_one(tmp_path):
+    ChunkStore.from_chunks(CHUNKS).save(tmp_path)
+    path = tmp_path / "chunks.bin"
+    data = bytearray(path.read_bytes())
+    first_end = int(np.load(tmp_path / "chunks.offsets.npy")[1])
+    data[first_end - 1 : first_end] = b","  # the first record's closing brace, same length
+    path.write_bytes(bytes(data))
+    store = ChunkStore.load(tmp_path, mmap=False)
+    with pytest.raises(ValueError) as one:
+        store.get(0)
+    with pytest.raises(ValueError) as many:
+        store.get_many([0, 1, 2])
+    assert str(many.value) == str(one.value)
+    assert store.get_many([1, 2]) == CHUNKS[1:3]  # the others still read
+
+
 def test_store_detects_a_truncated_bin_file(tmp_path):
     ChunkStore.from_chunks(CHUNKS).save(tmp_path)
     path = tmp_path / "chunks.bin"
