@@ -155,6 +155,8 @@ def main() -> None:
     parser.add_argument("--prior", default=None, help="comma-separated passage priors to sweep, with --reranker")
     parser.add_argument("--drop", default=None,
                         help="comma-separated passage drops to sweep under the relative rule ('none': every passage keeps its best sentence)")
+    parser.add_argument("--floor", default=None,
+                        help="comma-separated floor shares to sweep under the relative rule ('none': no floor)")
     parser.add_argument("--sentence-model", default=None,
                         help="with --scorer cross-encoder: a cross-encoder folder that scores the sentences (default: the reranker)")
     parser.add_argument("--held-out", action="store_true",
@@ -222,21 +224,23 @@ def main() -> None:
     budgets = [int(b) for b in args.budgets.split(",")]
     swept: dict[str, list] = {name: [float(x) for x in getattr(args, name).split(",")] if getattr(args, name) else [getattr(base, name)]
                               for name in ("lexical", "quota", "passage", "neighbour")}
-    for name, arg in (("passage_margin", args.margin), ("relative", args.relative), ("passage_drop", args.drop)):
+    for name, arg in (("passage_margin", args.margin), ("relative", args.relative), ("passage_drop", args.drop),
+                      ("floor_share", args.floor)):
         swept[name] = [None if x.strip() == "none" else float(x) for x in arg.split(",")] if arg else [getattr(base, name)]
     swept["passage_prior"] = [float(x) for x in args.prior.split(",")] if args.prior else [base.passage_prior]
     print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'margin':>7} {'relative':>8} {'prior':>6} "
-          f"{'drop':>6} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
+          f"{'drop':>6} {'floor':>6} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
     curve = []
     for values in itertools.product(*swept.values()):
         setting = dict(zip(swept, values))
         margin = "none" if setting["passage_margin"] is None or reranker is None else f"{setting['passage_margin']:.2f}"
         relative = "none" if setting["relative"] is None or reranker is None else f"{setting['relative']:.2f}"
         drop = "none" if setting["passage_drop"] is None or relative == "none" else f"{setting['passage_drop']:.2f}"
+        floor = "none" if not setting["floor_share"] or relative == "none" else f"{setting['floor_share']:.2f}"
         for budget in budgets if relative == "none" else budgets[:1]:  # a relative threshold fills no budget
             kept, tokens = measure(cases, replace(base.with_budget(budget), **setting))
             print(f"{setting['lexical']:>8.2f} {setting['quota']:>6.2f} {setting['passage']:>8.2f} {setting['neighbour']:>9.2f} "
-                  f"{margin:>7} {relative:>8} {setting['passage_prior']:>6.2f} {drop:>6} {budget if relative == 'none' else '-':>7} "
+                  f"{margin:>7} {relative:>8} {setting['passage_prior']:>6.2f} {drop:>6} {floor:>6} {budget if relative == 'none' else '-':>7} "
                   f"{kept:>15.4f} {tokens:>12.4f}")
             if all(getattr(base, k) == v for k, v in setting.items() if k != "relative"):  # the default, by budget or by relative
                 curve.append((budget if relative == "none" else f"rel {relative}", kept, tokens))

@@ -44,6 +44,11 @@ class PipelineSettings(WriteSettings):
     compression_passage_drop: float | None = Field(
         CompressionParams.passage_drop, ge=0, validation_alias=_env("COMPRESSION_PASSAGE_DROP")
     )
+    # under the relative rule: a question that keeps less than this share of its passages'
+    # tokens keeps its next best sentences up to it ("none": no floor)
+    compression_floor_share: float | None = Field(
+        CompressionParams.floor_share, ge=0, le=1, validation_alias=_env("COMPRESSION_FLOOR_SHARE")
+    )
 
     @field_validator("compression_relative", mode="before")
     @classmethod
@@ -59,7 +64,7 @@ class PipelineSettings(WriteSettings):
             raise ValueError("should be auto, none or a number of at least 0")
         return str(number)
 
-    @field_validator("compression_passage_margin", "compression_passage_drop", mode="before")
+    @field_validator("compression_passage_margin", "compression_passage_drop", "compression_floor_share", mode="before")
     @classmethod
     def _none_or_number(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none"):
@@ -87,6 +92,7 @@ class PipelineSettings(WriteSettings):
             passage_margin=self.compression_passage_margin,
             passage_budget_tokens=self.compression_passage_budget_tokens or None,
             passage_prior=self.compression_passage_prior, passage_drop=self.compression_passage_drop,
+            floor_share=self.compression_floor_share,
             **self._relative_params(),
         )
 

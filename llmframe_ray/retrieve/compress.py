@@ -13,7 +13,9 @@ still points at the document and chunk it came from with text that matters; the 
 budget goes to the best sentences overall (optionally after per-passage quotas by length).
 
 Under the relative rule (a reranker trained on rationale sentences), a passage whose best sentence
-scores far below the question's best keeps nothing and leaves the list (`passage_drop`).
+scores far below the question's best keeps nothing and leaves the list (`passage_drop`), and a
+question that keeps less than a floor share of its tokens keeps its next best sentences up to it
+(`floor_share`).
 
 Where a cross-encoder scores the whole passages too (a reranker is deployed), the passages it
 scores within `passage_margin` of the best one are kept whole, before the budget and over it if
@@ -79,7 +81,12 @@ class CompressionParams:
     `relative` + this below the question's best sentence keeps nothing, and its hit leaves the
     compressed list (it holds nothing the question needs); None: every passage keeps its best
     sentence. 2.0 and `rationale_relative` 6.25 chosen on the 81 held-out claims and on 404
-    claims held out by a second reranker (README "The advanced pipeline")."""
+    claims held out by a second reranker (README "The advanced pipeline").
+
+    `floor_share`: under the relative rule, a question whose kept sentences hold less than this
+    share of its passages' tokens also keeps its next best sentences, of the passages that keep
+    any, while they fit under that share (a question whose best sentence stands far above the
+    rest otherwise kept little else); None: no floor. 0.2 chosen on the same train claims."""
 
     budget_tokens: int | None = 750
     threshold: float | None = None
@@ -94,6 +101,7 @@ class CompressionParams:
     relative: float | None = None
     rationale_relative: float | None = 6.25
     passage_drop: float | None = 2.0
+    floor_share: float | None = 0.2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "scorer", Scorer.from_str(self.scorer))
@@ -112,6 +120,8 @@ class CompressionParams:
             raise ValueError(f"budget_tokens must be at least 1, got {self.budget_tokens!r}")
         if not 0.0 <= self.quota <= 1.0:
             raise ValueError(f"quota must be within [0, 1], got {self.quota!r}")
+        if self.floor_share is not None and not 0.0 <= self.floor_share <= 1.0:
+            raise ValueError(f"floor_share must be within [0, 1], got {self.floor_share!r}")
 
     def with_budget(self, budget_tokens: int | None, **changes: object) -> CompressionParams:
         """These settings with one budget, whether or not passages are kept whole (a request's),
@@ -236,7 +246,8 @@ def select(split: Split, scores: Sequence[float], params: CompressionParams, who
     passages, and `params.relative` is set): every sentence within `params.relative` of the best
     one is kept, and no budget is filled; with `params.passage_drop`, a passage whose best sentence
     is further than `relative` + that below the best one keeps nothing (but what reaches
-    `params.threshold`)."""
+    `params.threshold`); with `params.floor_share`, the kept tokens are then topped up to that
+    share (`_topped_up`)."""
     n = len(split.sentences)
     keep = [split.owner[i] in whole for i in range(n)]
     order = sorted(range(n), key=lambda i: (-scores[i], i))
@@ -248,8 +259,9 @@ def select(split: Split, scores: Sequence[float], params: CompressionParams, who
     if relative and params.relative is not None and n:
         cut = scores[order[0]] - params.relative
         floor = -np.inf if params.passage_drop is None else cut - params.passage_drop
-        return [(scores[best[split.owner[i]]] >= floor and (k or scores[i] >= cut))
+        keep = [(scores[best[split.owner[i]]] >= floor and (k or scores[i] >= cut))
                 or (params.threshold is not None and scores[i] >= params.threshold) for i, k in enumerate(keep)]
+        return _topped_up(split, keep, order, params.floor_share)
     used: dict[int, int] = {}  # tokens kept per passage before the threshold and the budget
     for p, t, k in zip(split.owner, split.tokens, keep):
         used[p] = used.get(p, 0) + (t if k else 0)
@@ -271,6 +283,23 @@ def select(split: Split, scores: Sequence[float], params: CompressionParams, who
             if keep[i] or spent + t > budget or (in_quota and used[p] + t > quota[p]):
                 continue
             keep[i], spent, used[p] = True, spent + t, used[p] + t
+    return keep
+
+
+def _topped_up(split: Split, keep: list[bool], order: Sequence[int], share: float | None) -> list[bool]:
+    """`keep`, with the best sentences not kept (`order`: best first) of the passages that keep
+    any added while the kept tokens stay within `share` of all the passages' tokens (a sentence
+    that would pass it is skipped; a shorter one after it may still fit)."""
+    if not share:
+        return keep
+    limit = share * sum(split.tokens)
+    spent = sum(t for t, k in zip(split.tokens, keep) if k)
+    live = {p for p, k in zip(split.owner, keep) if k}
+    for i in order:
+        if spent >= limit:
+            break
+        if not keep[i] and split.owner[i] in live and spent + split.tokens[i] <= limit:
+            keep[i], spent = True, spent + split.tokens[i]
     return keep
 
 

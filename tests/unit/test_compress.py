@@ -124,6 +124,30 @@ def test_under_the_relative_rule_a_passage_far_below_the_best_sentence_keeps_not
     assert select(split, scores, replace(params, passage_drop=0.0)) == [True] * 6
 
 
+def test_under_the_relative_rule_a_question_that_keeps_little_is_topped_up_to_the_floor_share():
+    # passages 0 and 1 reach the cut (4.0) with one sentence each: 20 of the 100 tokens kept;
+    # passage 2's best (-3.0) is under the drop's floor (3.0): it keeps nothing, floor or not
+    split = Split(sentences=[f"s{i}" for i in range(7)], owner=[0, 0, 0, 1, 1, 2, 2], tokens=[10, 30, 10, 10, 10, 15, 15])
+    scores = [5.0, 1.0, 0.8, 4.5, 0.5, -3.0, -3.5]
+    params = CompressionParams(budget_tokens=100, relative=1.0, passage_drop=1.0, floor_share=None)
+    alone = [True, False, False, True, False, False, False]
+    assert select(split, scores, params, relative=True) == alone
+    assert select(split, scores, replace(params, floor_share=0.0), relative=True) == alone
+    assert select(split, scores, replace(params, floor_share=0.15), relative=True) == alone  # already over it
+    # up to 35 tokens, best first: s1 (30 more) would pass it and is skipped, s2 (10) fits, s4 would pass it
+    assert select(split, scores, replace(params, floor_share=0.35), relative=True) == [
+        True, False, True, True, False, False, False]
+    # up to 60: s1 and s2 reach it exactly, and nothing more is added
+    assert select(split, scores, replace(params, floor_share=0.6), relative=True) == [
+        True, True, True, True, False, False, False]
+    # the whole share: every sentence of the passages that keep any, none of the dropped one
+    assert select(split, scores, replace(params, floor_share=1.0), relative=True) == [True] * 5 + [False] * 2
+    # the budget rule fills its budget and has no floor
+    budget = replace(params, budget_tokens=25, relative=None)
+    assert select(split, scores, replace(budget, floor_share=1.0)) == select(split, scores, budget)
+    assert CompressionParams().floor_share == 0.2
+
+
 def test_the_passage_prior_lowers_sentences_of_passages_the_reranker_rates_below_the_best():
     params = CompressionParams(lexical=0.0, passage=0.0, passage_prior=0.5)
     # passage 1 scores 2.0 below passage 0: its sentences lose 0.5 x 2.0
@@ -174,6 +198,7 @@ def test_scores_combine_model_and_lexical_overlap():
     ({"relative": -1.0}, "relative must be at least 0, got -1.0"),
     ({"passage_prior": -0.5}, "passage_prior must be at least 0, got -0.5"),
     ({"passage_drop": -1.0}, "passage_drop must be at least 0, got -1.0"),
+    ({"floor_share": 1.5}, "floor_share must be within [0, 1], got 1.5"),
     ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder, llm"),
 ])
 def test_bad_compression_params(kwargs, message):

@@ -200,6 +200,19 @@ def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
     )
 
 
+def test_compression_floor_share_setting(monkeypatch):
+    assert load_settings().params().service.compression.floor_share == 0.2
+    for text, value in (("none", None), ("", None), ("0.35", 0.35), ("0", 0.0)):
+        monkeypatch.setenv("LLMFRAME_COMPRESSION_FLOOR_SHARE", text)
+        assert load_settings().params().service.compression.floor_share == value
+    monkeypatch.setenv("LLMFRAME_COMPRESSION_FLOOR_SHARE", "1.5")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert str(err.value) == (
+        "invalid configuration: LLMFRAME_COMPRESSION_FLOOR_SHARE: Input should be less than or equal to 1 (got '1.5')"
+    )
+
+
 def test_compression_passage_drop_setting(monkeypatch):
     assert load_settings().params().service.compression.passage_drop == 2.0
     for text, value in (("none", None), ("", None), ("0.5", 0.5)):
