@@ -200,27 +200,18 @@ def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
     )
 
 
-def test_compression_floor_share_setting(monkeypatch):
-    assert load_settings().params().service.compression.floor_share == 0.2
-    for text, value in (("none", None), ("", None), ("0.35", 0.35), ("0", 0.0)):
-        monkeypatch.setenv("LLMFRAME_COMPRESSION_FLOOR_SHARE", text)
-        assert load_settings().params().service.compression.floor_share == value
-    monkeypatch.setenv("LLMFRAME_COMPRESSION_FLOOR_SHARE", "1.5")
+@pytest.mark.parametrize(("field", "name", "default", "values", "bad", "message"), [
+    ("floor_share", "FLOOR_SHARE", 0.2, (("none", None), ("", None), ("0.35", 0.35), ("0", 0.0)), "1.5",
+     "Input should be less than or equal to 1 (got '1.5')"),
+    ("passage_drop", "PASSAGE_DROP", 2.0, (("none", None), ("", None), ("0.5", 0.5)), "-1",
+     "Input should be greater than or equal to 0 (got '-1')"),
+])
+def test_compression_settings_that_none_turns_off(monkeypatch, field, name, default, values, bad, message):
+    assert getattr(load_settings().params().service.compression, field) == default
+    for text, value in values:
+        monkeypatch.setenv(f"LLMFRAME_COMPRESSION_{name}", text)
+        assert getattr(load_settings().params().service.compression, field) == value
+    monkeypatch.setenv(f"LLMFRAME_COMPRESSION_{name}", bad)
     with pytest.raises(ConfigError) as err:
         load_settings()
-    assert str(err.value) == (
-        "invalid configuration: LLMFRAME_COMPRESSION_FLOOR_SHARE: Input should be less than or equal to 1 (got '1.5')"
-    )
-
-
-def test_compression_passage_drop_setting(monkeypatch):
-    assert load_settings().params().service.compression.passage_drop == 2.0
-    for text, value in (("none", None), ("", None), ("0.5", 0.5)):
-        monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_DROP", text)
-        assert load_settings().params().service.compression.passage_drop == value
-    monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_DROP", "-1")
-    with pytest.raises(ConfigError) as err:
-        load_settings()
-    assert str(err.value) == (
-        "invalid configuration: LLMFRAME_COMPRESSION_PASSAGE_DROP: Input should be greater than or equal to 0 (got '-1')"
-    )
+    assert str(err.value) == f"invalid configuration: LLMFRAME_COMPRESSION_{name}: {message}"
