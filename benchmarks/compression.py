@@ -25,6 +25,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -34,7 +36,7 @@ from llmframe_ray.eval.beir import load_beir  # noqa: E402
 from llmframe_ray.eval.runner import cached_index  # noqa: E402
 from llmframe_ray.ingest.build import stderr_progress  # noqa: E402
 from llmframe_ray.models.embedder import load_embedder  # noqa: E402
-from llmframe_ray.retrieve import compress  # noqa: E402
+from llmframe_ray.retrieve import compress, evidence  # noqa: E402
 from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
 
 TOP = 5
@@ -100,16 +102,49 @@ def kept_of(case: dict, params) -> list[bool]:
     split = case["split"]
     passages = case.get("passages")
     whole = compress.whole_passages(passages, params.passage_margin)
-    same_scale = passages if case.get("cross_encoder") else None  # as the stage: cross-encoder sentence scores only
-    scores = compress.combined(case["model"], case["overlap"], params, split.owner, same_scale)
-    return compress.select(split, scores, params, whole, relative=bool(same_scale))
+    if not case.get("cross_encoder"):  # the offline scorer: the evidence rule, or the budget
+        scores, evidence = compress.embedder_scores(case["model"], case["overlap"], params, split.owner)
+        return compress.select(split, scores, params, whole, evidence=evidence)
+    scores = compress.combined(case["model"], case["overlap"], params, split.owner, passages)
+    return compress.select(split, scores, params, whole, relative=bool(passages))
 
 
-def measure(cases, params) -> tuple[float, float]:
+def fit_evidence(cases, folds: int = 5, seed: int = 0) -> None:
+    """Fit the evidence model (retrieve/evidence.py) on these claims and choose its threshold:
+    the most rationale kept with at most 40% of the tokens, from out-of-fold probabilities
+    (`folds` folds of claims, seeded), then the weights refitted on every claim. Prints both."""
+    rows = [evidence.features(c["model"], c["overlap"], c["split"].owner) for c in cases]
+    labels = [np.asarray(c["gold"], dtype=np.float64) for c in cases]
+    fold = np.random.default_rng(seed).permutation(len(cases)) % folds
+    probs: list[list[float]] = [[] for _ in cases]
+    for f in range(folds):
+        train = [i for i in range(len(cases)) if fold[i] != f]
+        weights, bias = evidence.fit(np.vstack([rows[i] for i in train]), np.concatenate([labels[i] for i in train]))
+        for i in np.flatnonzero(fold == f):
+            c = cases[i]
+            probs[i] = evidence.probabilities(c["model"], c["overlap"], c["split"].owner, weights, bias)
+    best = None
+    print(f"out of fold ({folds} folds, seed {seed}): {'threshold':>9} {'rationale kept':>15} {'tokens kept':>12}")
+    for threshold in np.round(np.geomspace(0.002, 0.5, 60), 4):
+        kept, tokens = measure([dict(c, model=p) for c, p in zip(cases, probs)], compress.CompressionParams(evidence=float(threshold)),
+                               chosen=lambda case, params: compress.select(case["split"], case["model"], params, evidence=True))
+        print(f"{'':>31} {threshold:>9.4f} {kept:>15.4f} {tokens:>12.4f}")
+        if tokens <= 0.40 and (best is None or kept > best[1]):
+            best = (float(threshold), kept, tokens)
+    weights, bias = evidence.fit(np.vstack(rows), np.concatenate(labels))
+    print(f"fitted on {len(cases)} claims ({sum(len(r) for r in rows)} sentences, {int(sum(l.sum() for l in labels))} gold):")
+    print(f"WEIGHTS = ({', '.join(f'{w:.4f}' for w in weights)})  # {', '.join(evidence.FEATURES)}")
+    print(f"BIAS = {bias:.4f}")
+    if best is not None:
+        print(f"threshold (the most rationale kept with at most 40% of the tokens, out of fold): {best[0]} "
+              f"({best[1]:.4f} at {best[2]:.4f})")
+
+
+def measure(cases, params, chosen=kept_of) -> tuple[float, float]:
     kept_gold = all_gold = kept_tokens = all_tokens = 0
     for case in cases:
         split = case["split"]
-        keep = kept_of(case, params)
+        keep = chosen(case, params)
         kept_gold += sum(k and g for k, g in zip(keep, case["gold"]))
         all_gold += sum(case["gold"])
         kept_tokens += sum(t for t, k in zip(split.tokens, keep) if k)
@@ -159,6 +194,10 @@ def main() -> None:
                         help="comma-separated floor shares to sweep under the relative rule ('none': no floor)")
     parser.add_argument("--sentence-model", default=None,
                         help="with --scorer cross-encoder: a cross-encoder folder that scores the sentences (default: the reranker)")
+    parser.add_argument("--evidence", default=None,
+                        help="comma-separated evidence thresholds to sweep with the offline scorer ('none': fill the budget instead)")
+    parser.add_argument("--fit", action="store_true",
+                        help="with --split train and the offline scorer: fit the evidence model and choose its threshold (printed)")
     parser.add_argument("--held-out", action="store_true",
                         help="with --split train: only the claims the reranker held out from its training")
     args = parser.parse_args()
@@ -178,6 +217,8 @@ def main() -> None:
         parser.error("--scorer cross-encoder needs --reranker DIR")
     if args.held_out and (not args.reranker or args.split != "train"):
         parser.error("--held-out needs --split train and --reranker DIR")
+    if args.fit and (args.split != "train" or args.scorer != "embedder"):
+        parser.error("--fit needs --split train and the offline scorer")
     if args.rerank and not args.reranker:
         parser.error("--rerank needs --reranker DIR")
     if args.reranker:
@@ -221,6 +262,9 @@ def main() -> None:
     print(f"machine: {cpu_description()}, {len(claims)} claims ({args.split}), top {TOP} documents, "
           f"{gold} gold rationale sentences retrieved, {sum(len(c['split'].sentences) for c in cases)} sentences; "
           f"retrieval + sentence scoring {seconds:.1f} s (cached: {cache.name})")
+    if args.fit:
+        fit_evidence(cases)
+        return
     budgets = [int(b) for b in args.budgets.split(",")]
     swept: dict[str, list] = {name: [float(x) for x in getattr(args, name).split(",")] if getattr(args, name) else [getattr(base, name)]
                               for name in ("lexical", "quota", "passage", "neighbour")}
@@ -228,8 +272,11 @@ def main() -> None:
                       ("floor_share", args.floor)):
         swept[name] = [None if x.strip() == "none" else float(x) for x in arg.split(",")] if arg else [getattr(base, name)]
     swept["passage_prior"] = [float(x) for x in args.prior.split(",")] if args.prior else [base.passage_prior]
+    offline = args.scorer == "embedder"  # the evidence rule, or (none) the budget: both by default
+    swept["evidence"] = ([None if x.strip() == "none" else float(x) for x in args.evidence.split(",")] if args.evidence
+                         else [None, base.evidence] if offline else [None])
     print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'margin':>7} {'relative':>8} {'prior':>6} "
-          f"{'drop':>6} {'floor':>6} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
+          f"{'drop':>6} {'floor':>6} {'evidence':>8} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
     curve = []
     for values in itertools.product(*swept.values()):
         setting = dict(zip(swept, values))
@@ -237,13 +284,15 @@ def main() -> None:
         relative = "none" if setting["relative"] is None or reranker is None else f"{setting['relative']:.2f}"
         drop = "none" if setting["passage_drop"] is None or relative == "none" else f"{setting['passage_drop']:.2f}"
         floor = "none" if not setting["floor_share"] or relative == "none" else f"{setting['floor_share']:.2f}"
-        for budget in budgets if relative == "none" else budgets[:1]:  # a relative threshold fills no budget
+        ev = "none" if setting["evidence"] is None or not offline else f"{setting['evidence']:.4f}"
+        by_budget = relative == "none" and ev == "none"  # a relative or evidence threshold fills no budget
+        for budget in budgets if by_budget else budgets[:1]:
             kept, tokens = measure(cases, replace(base.with_budget(budget), **setting))
             print(f"{setting['lexical']:>8.2f} {setting['quota']:>6.2f} {setting['passage']:>8.2f} {setting['neighbour']:>9.2f} "
-                  f"{margin:>7} {relative:>8} {setting['passage_prior']:>6.2f} {drop:>6} {floor:>6} {budget if relative == 'none' else '-':>7} "
-                  f"{kept:>15.4f} {tokens:>12.4f}")
-            if all(getattr(base, k) == v for k, v in setting.items() if k != "relative"):  # the default, by budget or by relative
-                curve.append((budget if relative == "none" else f"rel {relative}", kept, tokens))
+                  f"{margin:>7} {relative:>8} {setting['passage_prior']:>6.2f} {drop:>6} {floor:>6} {ev:>8} "
+                  f"{budget if by_budget else '-':>7} {kept:>15.4f} {tokens:>12.4f}")
+            if all(getattr(base, k) == v for k, v in setting.items() if k not in ("relative", "evidence")):  # the default's curves
+                curve.append((budget if by_budget else f"rel {relative}" if relative != "none" else f"ev {ev}", kept, tokens))
     if args.plot and curve:
         plot(curve, args.plot, args.split)
     kept, tokens = measure(cases, base)
@@ -269,19 +318,25 @@ def plot(curve, path: str, split: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, series in (("token budget", [c for c in curve if isinstance(c[0], int)]),
-                         ("relative threshold (reranker trained on rationale sentences)", [c for c in curve if isinstance(c[0], str)])):
+    kinds = (("token budget", lambda c: isinstance(c[0], int)),
+             ("relative threshold (reranker trained on rationale sentences)", lambda c: str(c[0]).startswith("rel ")),
+             ("evidence threshold (offline evidence model)", lambda c: str(c[0]).startswith("ev ")))
+    drawn = 0
+    for name, member in kinds:
+        series = sorted((c for c in curve if member(c)), key=lambda c: c[2])
         if series:
             ax.plot([t for _, _, t in series], [k for _, k, _ in series], marker="o", label=name)
-    if len({isinstance(c[0], int) for c in curve}) > 1:
+            drawn += 1
+    if drawn > 1:
         ax.legend(fontsize=8, loc="lower right")
     for budget, kept, tokens in curve:
-        ax.annotate(str(budget), (tokens, kept), textcoords="offset points", xytext=(4, -10), fontsize=8)
+        label = str(budget).removeprefix("rel ").removeprefix("ev ")
+        ax.annotate(label, (tokens, kept), textcoords="offset points", xytext=(4, -10), fontsize=8)
     ax.axhline(0.95, linestyle=":", color="grey")
     ax.axvline(0.40, linestyle=":", color="grey")
     ax.set_xlabel("share of tokens kept (top-5 documents)")
     ax.set_ylabel("share of gold rationale sentences kept")
-    ax.set_title(f"SciFact claims_{split}: point labels are token budgets or relative thresholds", fontsize=10)
+    ax.set_title(f"SciFact claims_{split}: point labels are token budgets or thresholds", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

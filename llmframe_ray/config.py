@@ -319,7 +319,7 @@ class Settings(PipelineSettings):
                 session_token_budget=self.session_token_budget,
                 rerank_fail_open=self.reranker_fail_open,
                 daily_tokens_per_key=self.daily_tokens_per_key,
-                rewrite=self.rewrite_params(), compression=self.compression_params(),
+                rewrite=self.rewrite_params(), compression=self.compression_params(self.embedding_provider is EmbeddingProvider.LOCAL),
             ),
             providers=ProviderParams(
                 providers=self.llm_providers, anthropic_api_key=self.anthropic_api_key,

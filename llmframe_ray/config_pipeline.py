@@ -49,6 +49,11 @@ class PipelineSettings(WriteSettings):
     compression_floor_share: float | None = Field(
         CompressionParams.floor_share, ge=0, le=1, validation_alias=_env("COMPRESSION_FLOOR_SHARE")
     )
+    # the offline scorer with the local embedder: keep the sentences whose probability of being
+    # evidence (retrieve/evidence.py) is at least this instead of filling the budget ("none": the budget)
+    compression_evidence: float | None = Field(
+        CompressionParams.evidence, gt=0, lt=1, validation_alias=_env("COMPRESSION_EVIDENCE")
+    )
 
     @field_validator("compression_relative", mode="before")
     @classmethod
@@ -64,7 +69,8 @@ class PipelineSettings(WriteSettings):
             raise ValueError("should be auto, none or a number of at least 0")
         return str(number)
 
-    @field_validator("compression_passage_margin", "compression_passage_drop", "compression_floor_share", mode="before")
+    @field_validator("compression_passage_margin", "compression_passage_drop", "compression_floor_share",
+                     "compression_evidence", mode="before")
     @classmethod
     def _none_or_number(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none"):
@@ -83,7 +89,9 @@ class PipelineSettings(WriteSettings):
             prf_terms=self.prf_terms, prf_weight=self.prf_weight, timeout_s=self.rewrite_timeout_s,
         )
 
-    def compression_params(self) -> CompressionParams:
+    def compression_params(self, local_embedder: bool = True) -> CompressionParams:
+        """`local_embedder`: the query encoder is the local model the evidence model was fitted
+        with (its cosines are what the model reads); without it the offline scorer fills the budget."""
         budget = self.compression_budget_tokens or None
         if budget is None and self.compression_threshold is None:
             raise ConfigError("LLMFRAME_COMPRESSION_BUDGET_TOKENS is 0 and no LLMFRAME_COMPRESSION_THRESHOLD is set")
@@ -93,6 +101,7 @@ class PipelineSettings(WriteSettings):
             passage_budget_tokens=self.compression_passage_budget_tokens or None,
             passage_prior=self.compression_passage_prior, passage_drop=self.compression_passage_drop,
             floor_share=self.compression_floor_share,
+            evidence=self.compression_evidence if local_embedder else None,
             **self._relative_params(),
         )
 

@@ -270,9 +270,13 @@ class Ranking:
         passage_scores = model[len(texts):]
         whole = compress.whole_passages(passage_scores, params.passage_margin)
         overlap = compress.lexical_overlap(query, split.sentences)
-        same_scale = passage_scores if use_ce else []  # the prior and the relative rule: cross-encoder logits only
-        scores = compress.combined(model[: len(texts)], overlap, params, split.owner, same_scale)
-        keep = compress.select(split, scores, params, whole, relative=bool(same_scale))
+        if not use_ce:  # the offline scorer: the evidence rule, or the budget
+            scores, evidence = compress.embedder_scores(model[: len(texts)], overlap, params, split.owner)
+            keep = compress.select(split, scores, params, whole, evidence=evidence)
+            return compress.apply(hits, split, keep), None
+        # the prior and the relative rule read the cross-encoder's logits
+        scores = compress.combined(model[: len(texts)], overlap, params, split.owner, passage_scores)
+        keep = compress.select(split, scores, params, whole, relative=bool(passage_scores))
         return compress.apply(hits, split, keep), None
 
     async def _cosines(self, query: str, texts: list[str]) -> list[float]:

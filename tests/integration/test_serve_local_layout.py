@@ -80,14 +80,22 @@ def test_concurrent_requests_with_a_bad_query_among_them(served):
 
 def test_compressed_scores_sentences_with_the_replicas_encoder(served):
     """No Reranker here: compression embeds the sentences with the Ingress replica's own query
-    encoder (RetrieverCore.embed_texts) and keeps each one-sentence passage whole."""
+    encoder (RetrieverCore.embed_texts). Each passage is one sentence: under the evidence rule it
+    is kept whole or leaves the list, and with a request's budget each keeps its one sentence."""
     client, _, _ = served
     plain = client.post("/v1/search", headers=AUTH, json={"query": QUERIES[0], "top_k": 4}).json()
-    squeezed = client.post("/v1/search", headers=AUTH, json={"query": QUERIES[0], "top_k": 4, "retrieval_strategy": "compressed"})
-    assert squeezed.status_code == 200, squeezed.text
-    body = squeezed.json()
-    assert body["warnings"] == [] and "compress" in body["timings_ms"]
-    assert [(h["chunk_id"], h["text"]) for h in body["hits"]] == [(h["chunk_id"], h["text"]) for h in plain["hits"]]
+    wanted = [(h["chunk_id"], h["text"]) for h in plain["hits"]]
+    for budget in (None, 1):
+        body = {"query": QUERIES[0], "top_k": 4, "retrieval_strategy": "compressed", "compression_budget_tokens": budget}
+        squeezed = client.post("/v1/search", headers=AUTH, json={k: v for k, v in body.items() if v is not None})
+        assert squeezed.status_code == 200, squeezed.text
+        answer = squeezed.json()
+        assert answer["warnings"] == [] and "compress" in answer["timings_ms"]
+        kept = [(h["chunk_id"], h["text"]) for h in answer["hits"]]
+        if budget is None:
+            assert kept and kept == [pair for pair in wanted if pair in kept]  # whole, in order
+        else:
+            assert kept == wanted
 
 
 def scraped(client) -> dict[tuple[str, tuple], float]:

@@ -15,6 +15,8 @@ from llmframe_ray.config import load_settings
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.ingest.chunker import sentences
+from llmframe_ray.retrieve import evidence
+from llmframe_ray.retrieve.compress import Split, cosines, lexical_overlap, scoring_text
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.rewrite import decompose, expand, feedback_terms, fuse_hit_lists, query_weights
 from llmframe_ray.retrieve.strategy import GRAPH_MISSING
@@ -167,6 +169,28 @@ def test_compressed_keeps_sentences_of_the_same_hits(client):
     # a threshold alone, no budget: no sentence scores 100, so each passage keeps its best
     strict = search(client, query=query, retrieval_strategy="compressed", compression_threshold=100.0, top_k=3)
     assert [h["text"] for h in strict["hits"]] == [h["text"] for h in tight["hits"]]
+
+
+def test_offline_compression_keeps_the_sentences_likely_to_be_evidence(index_dir, pipeline, embedder, settings):
+    """With the local embedder and no request budget, compression keeps the sentences whose evidence
+    probability (retrieve/evidence.py) reaches LLMFRAME_COMPRESSION_EVIDENCE, and the question's
+    best one; a hit that keeps none leaves the list; a request's budget fills the budget instead."""
+    query = "When did astronauts walk on the Moon?"
+    hybrid = pipeline.search(query, "hybrid", 3)
+    split = Split.of_hits(hybrid)
+    vectors = embedder.embed([query, *(scoring_text(hybrid[p].title, s) for p, s in zip(split.owner, split.sentences))])
+    probs = sorted(evidence.probabilities(cosines(vectors[0], vectors[1:]), lexical_overlap(query, split.sentences), split.owner))
+    assert settings.params().service.compression.evidence == 0.0068  # the default: this rule
+    for threshold, expected in (((probs[-1] + probs[-2]) / 2, [("moon-facts", "... Astronauts first walked on it in 1969.")]),
+                                (probs[0] / 2, [(h.doc_id, h.text) for h in hybrid])):  # the best alone; everything
+        tuned = load_settings(**{**settings.model_dump(), "compression_evidence": threshold})
+        stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version())
+        with TestClient(create_app(RagService(stages, tuned.params().service), ApiKeys.from_settings(tuned))) as c:
+            found = search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"]
+            budgeted = search(c, query=query, top_k=3, retrieval_strategy="compressed", compression_budget_tokens=1)["hits"]
+        assert [(h["doc_id"], h["text"]) for h in found] == expected
+        assert [h["chunk_id"] for h in budgeted] == [h.chunk_id for h in hybrid]  # one token: each keeps its best
+        assert all(len(pieces) == 1 for pieces in compressed_pieces(budgeted))
 
 
 def test_compressed_answers_cite_the_same_documents(client):

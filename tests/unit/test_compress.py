@@ -15,12 +15,14 @@ from llmframe_ray.retrieve.compress import (
     apply,
     combined,
     cosines,
+    embedder_scores,
     lexical_overlap,
     scoring_text,
     scores_sentences,
     select,
     whole_passages,
 )
+from llmframe_ray.retrieve import evidence
 from llmframe_ray.retrieve.strategy import GRAPH_MISSING, Strategy, StrategyError, alpha_weights, resolve
 from llmframe_ray.types import Hit, SearchMode
 
@@ -148,6 +150,31 @@ def test_under_the_relative_rule_a_question_that_keeps_little_is_topped_up_to_th
     assert CompressionParams().floor_share == 0.2
 
 
+def test_with_the_evidence_rule_the_sentences_likely_enough_are_kept_and_passages_with_none_leave():
+    split = Split(sentences=[f"s{i}" for i in range(6)], owner=[0, 0, 1, 1, 2, 2], tokens=[10] * 6)
+    probs = [0.9, 0.01, 0.3, 0.2, 0.05, 0.04]
+    params = CompressionParams(budget_tokens=10, evidence=0.25)
+    assert select(split, probs, params, evidence=True) == [True, False, True, False, False, False]
+    assert select(split, probs, replace(params, evidence=0.1), evidence=True) == [True, False, True, True, False, False]
+    # none likely enough: the question's best sentence alone
+    assert select(split, probs, replace(params, evidence=0.95), evidence=True) == [True] + [False] * 5
+    assert select(split, probs, params, whole={2}, evidence=True) == [True, False, True, False, True, True]
+    # passage 2 kept nothing: its hit leaves the compressed list
+    hits = [hit(d, "x") for d in "abc"]
+    assert [h.doc_id for h in apply(hits, split, select(split, probs, params, evidence=True))] == ["a", "b"]
+    # without the rule (a request's budget) the budget is filled, each passage keeping its best
+    assert params.with_budget(10).evidence is None
+    assert select(split, probs, params.with_budget(10)) == [True, False, True, False, True, False]
+
+
+def test_the_offline_scorer_gives_evidence_probabilities_under_the_evidence_rule():
+    cos, overlap, owner = [0.6, 0.1, 0.3], [0.5, 0.0, 0.0], [0, 0, 1]
+    scores, rule = embedder_scores(cos, overlap, CompressionParams(), owner)
+    assert rule and scores == pytest.approx(evidence.probabilities(cos, overlap, owner))
+    params = CompressionParams(evidence=None)
+    assert embedder_scores(cos, overlap, params, owner) == (combined(cos, overlap, params, owner), False)
+
+
 def test_the_passage_prior_lowers_sentences_of_passages_the_reranker_rates_below_the_best():
     params = CompressionParams(lexical=0.0, passage=0.0, passage_prior=0.5)
     # passage 1 scores 2.0 below passage 0: its sentences lose 0.5 x 2.0
@@ -199,6 +226,8 @@ def test_scores_combine_model_and_lexical_overlap():
     ({"passage_prior": -0.5}, "passage_prior must be at least 0, got -0.5"),
     ({"passage_drop": -1.0}, "passage_drop must be at least 0, got -1.0"),
     ({"floor_share": 1.5}, "floor_share must be within [0, 1], got 1.5"),
+    ({"evidence": 0.0}, "evidence must be within (0, 1), got 0.0"),
+    ({"evidence": 1.0}, "evidence must be within (0, 1), got 1.0"),
     ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder, llm"),
 ])
 def test_bad_compression_params(kwargs, message):

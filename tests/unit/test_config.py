@@ -205,6 +205,8 @@ def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
      "Input should be less than or equal to 1 (got '1.5')"),
     ("passage_drop", "PASSAGE_DROP", 2.0, (("none", None), ("", None), ("0.5", 0.5)), "-1",
      "Input should be greater than or equal to 0 (got '-1')"),
+    ("evidence", "EVIDENCE", 0.0068, (("none", None), ("", None), ("0.02", 0.02)), "1",
+     "Input should be less than 1 (got '1')"),
 ])
 def test_compression_settings_that_none_turns_off(monkeypatch, field, name, default, values, bad, message):
     assert getattr(load_settings().params().service.compression, field) == default
@@ -215,3 +217,9 @@ def test_compression_settings_that_none_turns_off(monkeypatch, field, name, defa
     with pytest.raises(ConfigError) as err:
         load_settings()
     assert str(err.value) == f"invalid configuration: LLMFRAME_COMPRESSION_{name}: {message}"
+
+
+def test_the_evidence_rule_needs_the_local_embedder_it_was_fitted_with(monkeypatch):
+    monkeypatch.setenv("LLMFRAME_EMBEDDING_PROVIDER", "openai")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert load_settings().params().service.compression.evidence is None  # other cosines: the budget
