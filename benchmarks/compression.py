@@ -102,16 +102,14 @@ def kept_of(case: dict, params) -> list[bool]:
     split = case["split"]
     passages = case.get("passages")
     whole = compress.whole_passages(passages, params.passage_margin)
-    if not case.get("cross_encoder"):  # the offline scorer: the evidence rule, or the budget
-        scores, evidence = compress.embedder_scores(case["model"], case["overlap"], params, split.owner)
-        return compress.select(split, scores, params, whole, evidence=evidence)
-    scores = compress.combined(case["model"], case["overlap"], params, split.owner, passages)
-    return compress.select(split, scores, params, whole, relative=bool(passages))
+    ce = bool(case.get("cross_encoder"))
+    scores, evidence = compress.sentence_scores(case["model"], case["overlap"], params, split.owner, ce, passages)
+    return compress.select(split, scores, params, whole, relative=ce and bool(passages), evidence=evidence)
 
 
 def fit_evidence(cases, folds: int = 5, seed: int = 0) -> None:
     """Fit the evidence model (retrieve/evidence.py) on these claims and choose its threshold:
-    the most rationale kept with at most 40% of the tokens, from out-of-fold probabilities
+    the most rationale kept with at most 40% of the tokens (then the fewest tokens), from out-of-fold probabilities
     (`folds` folds of claims, seeded), then the weights refitted on every claim. Prints both."""
     rows = [evidence.features(c["model"], c["overlap"], c["split"].owner) for c in cases]
     labels = [np.asarray(c["gold"], dtype=np.float64) for c in cases]
@@ -119,22 +117,21 @@ def fit_evidence(cases, folds: int = 5, seed: int = 0) -> None:
     probs: list[list[float]] = [[] for _ in cases]
     for f in range(folds):
         train = [i for i in range(len(cases)) if fold[i] != f]
-        weights, bias = evidence.fit(np.vstack([rows[i] for i in train]), np.concatenate([labels[i] for i in train]))
+        model = evidence.fit(np.vstack([rows[i] for i in train]), np.concatenate([labels[i] for i in train]))
         for i in np.flatnonzero(fold == f):
             c = cases[i]
-            probs[i] = evidence.probabilities(c["model"], c["overlap"], c["split"].owner, weights, bias)
+            probs[i] = evidence.probabilities(c["model"], c["overlap"], c["split"].owner, model)
     best = None
     print(f"out of fold ({folds} folds, seed {seed}): {'threshold':>9} {'rationale kept':>15} {'tokens kept':>12}")
     for threshold in np.round(np.geomspace(0.002, 0.5, 60), 4):
         kept, tokens = measure([dict(c, model=p) for c, p in zip(cases, probs)], compress.CompressionParams(evidence=float(threshold)),
                                chosen=lambda case, params: compress.select(case["split"], case["model"], params, evidence=True))
         print(f"{'':>31} {threshold:>9.4f} {kept:>15.4f} {tokens:>12.4f}")
-        if tokens <= 0.40 and (best is None or kept > best[1]):
+        if tokens <= 0.40 and (best is None or kept > best[1] or (kept == best[1] and tokens < best[2])):
             best = (float(threshold), kept, tokens)
-    weights, bias = evidence.fit(np.vstack(rows), np.concatenate(labels))
+    model = evidence.fit(np.vstack(rows), np.concatenate(labels))
     print(f"fitted on {len(cases)} claims ({sum(len(r) for r in rows)} sentences, {int(sum(l.sum() for l in labels))} gold):")
-    print(f"WEIGHTS = ({', '.join(f'{w:.4f}' for w in weights)})  # {', '.join(evidence.FEATURES)}")
-    print(f"BIAS = {bias:.4f}")
+    print(f"Model(({', '.join(f'{w:.4f}' for w in model.weights)}), {model.bias:.4f})  # {', '.join(evidence.FEATURES)}, bias")
     if best is not None:
         print(f"threshold (the most rationale kept with at most 40% of the tokens, out of fold): {best[0]} "
               f"({best[1]:.4f} at {best[2]:.4f})")
@@ -197,7 +194,7 @@ def main() -> None:
     parser.add_argument("--evidence", default=None,
                         help="comma-separated evidence thresholds to sweep with the offline scorer ('none': fill the budget instead)")
     parser.add_argument("--fit", action="store_true",
-                        help="with --split train and the offline scorer: fit the evidence model and choose its threshold (printed)")
+                        help="with --split train: fit the evidence model of the scorer's scores and choose its threshold (printed)")
     parser.add_argument("--held-out", action="store_true",
                         help="with --split train: only the claims the reranker held out from its training")
     args = parser.parse_args()
@@ -217,8 +214,8 @@ def main() -> None:
         parser.error("--scorer cross-encoder needs --reranker DIR")
     if args.held_out and (not args.reranker or args.split != "train"):
         parser.error("--held-out needs --split train and --reranker DIR")
-    if args.fit and (args.split != "train" or args.scorer != "embedder"):
-        parser.error("--fit needs --split train and the offline scorer")
+    if args.fit and (args.split != "train" or (args.scorer == "cross-encoder" and not args.held_out)):
+        parser.error("--fit needs --split train (and, with --scorer cross-encoder, --held-out: claims the reranker did not train on)")
     if args.rerank and not args.reranker:
         parser.error("--rerank needs --reranker DIR")
     if args.reranker:
@@ -256,8 +253,8 @@ def main() -> None:
     base = compress.CompressionParams()
     if reranker is not None and args.scorer == "cross-encoder":  # as the stage does with a deployed reranker
         base = base.for_reranker(reranker.card)
-        if base.relative is not None:
-            print(f"the reranker was trained on rationale sentences: the relative rule ({base.relative}) by default")
+        if base.evidence is not None:
+            print(f"the reranker was trained on rationale sentences: its evidence model ({base.evidence}) by default")
     gold = sum(sum(c["gold"]) for c in cases)
     print(f"machine: {cpu_description()}, {len(claims)} claims ({args.split}), top {TOP} documents, "
           f"{gold} gold rationale sentences retrieved, {sum(len(c['split'].sentences) for c in cases)} sentences; "
@@ -272,19 +269,24 @@ def main() -> None:
                       ("floor_share", args.floor)):
         swept[name] = [None if x.strip() == "none" else float(x) for x in arg.split(",")] if arg else [getattr(base, name)]
     swept["passage_prior"] = [float(x) for x in args.prior.split(",")] if args.prior else [base.passage_prior]
-    offline = args.scorer == "embedder"  # the evidence rule, or (none) the budget: both by default
+    # the evidence rule, or (none) the budget or relative rule: both by default where the scorer has an evidence model
     swept["evidence"] = ([None if x.strip() == "none" else float(x) for x in args.evidence.split(",")] if args.evidence
-                         else [None, base.evidence] if offline else [None])
+                         else [None, base.evidence] if base.evidence is not None else [None])
     print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'margin':>7} {'relative':>8} {'prior':>6} "
           f"{'drop':>6} {'floor':>6} {'evidence':>8} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
-    curve = []
+    curve, seen = [], set()
     for values in itertools.product(*swept.values()):
         setting = dict(zip(swept, values))
         margin = "none" if setting["passage_margin"] is None or reranker is None else f"{setting['passage_margin']:.2f}"
         relative = "none" if setting["relative"] is None or reranker is None else f"{setting['relative']:.2f}"
         drop = "none" if setting["passage_drop"] is None or relative == "none" else f"{setting['passage_drop']:.2f}"
         floor = "none" if not setting["floor_share"] or relative == "none" else f"{setting['floor_share']:.2f}"
-        ev = "none" if setting["evidence"] is None or not offline else f"{setting['evidence']:.4f}"
+        ev = "none" if setting["evidence"] is None else f"{setting['evidence']:.4f}"
+        if ev != "none":  # the evidence rule replaces the relative one: one row each
+            setting["relative"], relative = None, "none"
+            if ev in seen:
+                continue
+            seen.add(ev)
         by_budget = relative == "none" and ev == "none"  # a relative or evidence threshold fills no budget
         for budget in budgets if by_budget else budgets[:1]:
             kept, tokens = measure(cases, replace(base.with_budget(budget), **setting))
@@ -320,7 +322,7 @@ def plot(curve, path: str, split: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     kinds = (("token budget", lambda c: isinstance(c[0], int)),
              ("relative threshold (reranker trained on rationale sentences)", lambda c: str(c[0]).startswith("rel ")),
-             ("evidence threshold (offline evidence model)", lambda c: str(c[0]).startswith("ev ")))
+             ("evidence threshold (the scorer's evidence model)", lambda c: str(c[0]).startswith("ev ")))
     drawn = 0
     for name, member in kinds:
         series = sorted((c for c in curve if member(c)), key=lambda c: c[2])

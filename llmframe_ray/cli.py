@@ -313,6 +313,7 @@ def train_reranker_command(
     synthetic: bool = typer.Option(False, "--synthetic", help="No judgments: train on pseudo-queries made from the corpus (sentences of its documents); --split is not read."),
     synthetic_queries: int = typer.Option(1000, "--synthetic-queries", min=1, help="With --synthetic: how many pseudo-queries."),
     rationales: bool = typer.Option(False, "--rationales", help="Also train on the dataset's rationale sentences (rationales/, SciFact's layout): the sentence scores that contextual compression reads."),
+    held_out: float = typer.Option(0.1, "--held-out", min=0.0, max=0.9, help="Share of the split's queries held out from training (seeded): the card's validation."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
     if (dataset is None) == (index is None):
@@ -320,7 +321,7 @@ def train_reranker_command(
     _train_reranker(
         dataset, index, split, out, teacher, synthetic_queries if synthetic else None, epochs=epochs, seed=seed,
         negatives=negatives, max_length=max_length, max_steps=max_steps, layers=layers, distill_weight=distill_weight,
-        rationales=rationales,
+        rationales=rationales, validation_fraction=held_out,
     )
 
 

@@ -54,6 +54,11 @@ class PipelineSettings(WriteSettings):
     compression_evidence: float | None = Field(
         CompressionParams.evidence, gt=0, lt=1, validation_alias=_env("COMPRESSION_EVIDENCE")
     )
+    # with a reranker trained with --rationales and COMPRESSION_RELATIVE auto: the same rule on its
+    # logits' evidence model ("none": the relative rule at 6.25)
+    compression_rationale_evidence: float | None = Field(
+        CompressionParams.rationale_evidence, gt=0, lt=1, validation_alias=_env("COMPRESSION_RATIONALE_EVIDENCE")
+    )
 
     @field_validator("compression_relative", mode="before")
     @classmethod
@@ -70,7 +75,7 @@ class PipelineSettings(WriteSettings):
         return str(number)
 
     @field_validator("compression_passage_margin", "compression_passage_drop", "compression_floor_share",
-                     "compression_evidence", mode="before")
+                     "compression_evidence", "compression_rationale_evidence", mode="before")
     @classmethod
     def _none_or_number(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("", "none"):
@@ -102,12 +107,12 @@ class PipelineSettings(WriteSettings):
             passage_prior=self.compression_passage_prior, passage_drop=self.compression_passage_drop,
             floor_share=self.compression_floor_share,
             evidence=self.compression_evidence if local_embedder else None,
-            **self._relative_params(),
+            **{"rationale_evidence": self.compression_rationale_evidence, **self._relative_params()},
         )
 
     def _relative_params(self) -> dict[str, float | None]:
         if self.compression_relative == "auto":
             return {}  # CompressionParams' defaults: by the reranker's card
         if self.compression_relative == "none":
-            return {"relative": None, "rationale_relative": None}
-        return {"relative": float(self.compression_relative), "rationale_relative": None}
+            return {"relative": None, "rationale_relative": None, "rationale_evidence": None}
+        return {"relative": float(self.compression_relative), "rationale_relative": None, "rationale_evidence": None}

@@ -255,7 +255,8 @@ class Ranking:
         texts = [compress.scoring_text(hits[p].title, s) for p, s in zip(split.owner, split.sentences)]
         # the whole passages too, in the same call, where the reranker keeps passages whole
         # the prior and the relative rule read them beside cross-encoder sentence scores only
-        by_passage = params.passage_margin is not None or (use_ce and (params.relative is not None or params.passage_prior))
+        by_passage = params.passage_margin is not None or (
+            use_ce and params.evidence is None and (params.relative is not None or params.passage_prior))
         passages = [h.passage for h in hits] if by_passage and self.stages.has_reranker else []
         try:
             if use_ce:
@@ -270,13 +271,8 @@ class Ranking:
         passage_scores = model[len(texts):]
         whole = compress.whole_passages(passage_scores, params.passage_margin)
         overlap = compress.lexical_overlap(query, split.sentences)
-        if not use_ce:  # the offline scorer: the evidence rule, or the budget
-            scores, evidence = compress.embedder_scores(model[: len(texts)], overlap, params, split.owner)
-            keep = compress.select(split, scores, params, whole, evidence=evidence)
-            return compress.apply(hits, split, keep), None
-        # the prior and the relative rule read the cross-encoder's logits
-        scores = compress.combined(model[: len(texts)], overlap, params, split.owner, passage_scores)
-        keep = compress.select(split, scores, params, whole, relative=bool(passage_scores))
+        scores, evidence = compress.sentence_scores(model[: len(texts)], overlap, params, split.owner, use_ce, passage_scores)
+        keep = compress.select(split, scores, params, whole, relative=use_ce and bool(passage_scores), evidence=evidence)
         return compress.apply(hits, split, keep), None
 
     async def _cosines(self, query: str, texts: list[str]) -> list[float]:

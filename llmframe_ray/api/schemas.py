@@ -78,7 +78,9 @@ class PipelineFields(BaseModel):
         ),
     )
     compression_budget_tokens: int | None = Field(
-        None, ge=1, le=1_000_000, description="retrieval_strategy compressed: passage tokens kept (default: LLMFRAME_COMPRESSION_BUDGET_TOKENS).",
+        None, ge=1, le=1_000_000,
+        description="retrieval_strategy compressed: passage tokens kept, instead of the default rule (an evidence threshold, "
+                    "or LLMFRAME_COMPRESSION_BUDGET_TOKENS).",
     )
     compression_threshold: float | None = Field(
         None, description="retrieval_strategy compressed: also keep every sentence scoring at least this.",

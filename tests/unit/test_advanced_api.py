@@ -365,31 +365,41 @@ def test_with_a_relative_threshold_compression_keeps_what_scores_near_the_best_a
     assert compressed_pieces(found) == [[" ".join(first[:1])], second]
 
 
-@pytest.mark.parametrize("trained_on_sentences", [True, False])
-def test_a_reranker_trained_on_rationale_sentences_gets_the_relative_rule_by_default(index_dir, embedder, trained_on_sentences):
-    """LLMFRAME_COMPRESSION_RELATIVE=auto (the default): the relative rule (6.25, no passage kept
-    whole) where the reranker's card says it was trained with --rationales; the passage margin
-    and the budget otherwise."""
+@pytest.mark.parametrize(("trained_on_sentences", "rule"), [(True, "auto"), (True, "none"), (False, "auto")])
+def test_a_reranker_trained_on_rationale_sentences_gets_its_evidence_rule_by_default(index_dir, embedder, trained_on_sentences, rule):
+    """LLMFRAME_COMPRESSION_RELATIVE=auto (the default): where the reranker's card says it was trained
+    with --rationales, its evidence model (retrieve/evidence.py, threshold
+    LLMFRAME_COMPRESSION_RATIONALE_EVIDENCE; `none`: the relative rule at 6.25), no passage kept
+    whole; the passage margin and the budget otherwise."""
     query = "When did astronauts walk on the Moon?"
     settings = load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, api_secret_key=KEY,
-                             compression_budget_tokens=1, compression_passage_budget_tokens=1)
+                             compression_budget_tokens=1, compression_passage_budget_tokens=1,
+                             compression_rationale_evidence=0.002 if rule == "auto" else "none")
     pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
     hybrid = pipeline.search(query, "hybrid", 3)
     first, second = sentences(hybrid[0].text), sentences(hybrid[1].text)
-    assert len(first) >= 3 and len(second) == 1
+    assert len(first) >= 3 and len(second) == 1 and lexical_overlap(query, first[2:3]) == [0.0]
     texts = lambda h, s: f"{h.title}\n{s}" if h.title else s
     reranker = PassageReranker({
         hybrid[1].passage: 3.0, hybrid[0].passage: 1.0, hybrid[2].passage: 0.0,
         texts(hybrid[1], second[0]): 5.0, texts(hybrid[0], first[0]): 4.5, texts(hybrid[0], first[1]): 4.0,
-        texts(hybrid[0], first[2]): -1.0,
+        texts(hybrid[0], first[2]): 2.0,
     })
     reranker.card = {"name": "stand-in", "data": {"rationale_groups": 935}} if trained_on_sentences else {"name": "stand-in", "data": {}}
     stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=reranker)
     with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
         kept = compressed_pieces(search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"])
-    if trained_on_sentences:
+    if trained_on_sentences and rule == "auto":
+        # second[0] (5.0) is the best sentence. The evidence model (CROSS_ENCODER) of first[2]:
+        # -5.4059 + 0.2867 x 2.0 + 0.3135 x (2.0 - 5.0) + 0.2783 x (4.5 - 5.0) = -5.912, a
+        # probability of 0.0027 >= 0.002: kept (first[3:], at the stand-in's -10.0, are not);
+        # hybrid[2]'s one sentence (0.0, rank 2) is far below: it leaves the list. Only the
+        # sentences are scored: no whole passage is sent beside them
+        assert kept == [[" ".join(first[:3])], second]
+        assert not set(reranker.asked[0]) & {h.passage for h in hybrid[:1]}
+    elif trained_on_sentences:
         # the one-sentence hybrid[1] is scored as its sentence (5.0): the best passage. Prior 1.0:
-        # first[0] 0.5 and first[1] 0.0 are within 6.25 of second[0] (5.0), first[2] -5.0 is not;
+        # first[0] 0.5 and first[1] 0.0 are within 6.25 of second[0] (5.0), first[2] -2.0 is not;
         # hybrid[2], one sentence scored as its passage (0.0, -5.0 with the prior), is further than
         # 6.25 + 2.0 (the passage drop) below the best: it keeps nothing and leaves the list
         assert kept == [[" ".join(first[:2])], second]

@@ -15,11 +15,11 @@ from llmframe_ray.retrieve.compress import (
     apply,
     combined,
     cosines,
-    embedder_scores,
     lexical_overlap,
     scoring_text,
     scores_sentences,
     select,
+    sentence_scores,
     whole_passages,
 )
 from llmframe_ray.retrieve import evidence
@@ -167,12 +167,18 @@ def test_with_the_evidence_rule_the_sentences_likely_enough_are_kept_and_passage
     assert select(split, probs, params.with_budget(10)) == [True, False, True, False, True, False]
 
 
-def test_the_offline_scorer_gives_evidence_probabilities_under_the_evidence_rule():
-    cos, overlap, owner = [0.6, 0.1, 0.3], [0.5, 0.0, 0.0], [0, 0, 1]
-    scores, rule = embedder_scores(cos, overlap, CompressionParams(), owner)
-    assert rule and scores == pytest.approx(evidence.probabilities(cos, overlap, owner))
-    params = CompressionParams(evidence=None)
-    assert embedder_scores(cos, overlap, params, owner) == (combined(cos, overlap, params, owner), False)
+def test_under_the_evidence_rule_each_scorer_reads_its_own_evidence_model():
+    scores, overlap, owner, passages = [0.6, 0.1, 0.3], [0.5, 0.0, 0.0], [0, 0, 1], [2.0, 1.0]
+    got, rule = sentence_scores(scores, overlap, CompressionParams(), owner)
+    assert rule and got == pytest.approx(evidence.probabilities(scores, overlap, owner, evidence.EMBEDDER))
+    got, rule = sentence_scores(scores, overlap, CompressionParams(), owner, cross_encoder=True, passage_scores=passages)
+    assert rule and got == pytest.approx(evidence.probabilities(scores, overlap, owner, evidence.CROSS_ENCODER))
+    assert evidence.EMBEDDER != evidence.CROSS_ENCODER
+    # without the rule: combined scores, the passage scores read beside a cross-encoder's only
+    params = CompressionParams(evidence=None, lexical=0.0, passage=0.0)
+    assert sentence_scores(scores, overlap, params, owner, False, passages) == (combined(scores, overlap, params, owner), False)
+    assert sentence_scores(scores, overlap, params, owner, True, passages) == (
+        combined(scores, overlap, params, owner, passages), False)
 
 
 def test_the_passage_prior_lowers_sentences_of_passages_the_reranker_rates_below_the_best():
@@ -183,16 +189,19 @@ def test_the_passage_prior_lowers_sentences_of_passages_the_reranker_rates_below
     assert combined([0.5, 0.4, 0.9], [0.0] * 3, replace(params, passage_prior=0.0), [0, 0, 1], [3.0, 1.0]) == pytest.approx([0.5, 0.4, 0.9])
 
 
-def test_a_reranker_trained_on_rationale_sentences_switches_to_the_relative_rule():
+def test_a_reranker_trained_on_rationale_sentences_switches_to_its_evidence_rule_or_the_relative_rule():
     sentences_card = {"data": {"dataset": "scifact", "rationale_groups": 935}}
     assert scores_sentences(sentences_card) and not scores_sentences({"data": {"groups": 9}}) and not scores_sentences({})
     params = CompressionParams()
-    assert (params.relative, params.rationale_relative, params.passage_margin) == (None, 6.25, 1.0)
-    assert params.for_reranker({"data": {}}) == params
-    switched = params.for_reranker(sentences_card)
-    assert (switched.relative, switched.passage_margin) == (6.25, None)
-    assert CompressionParams(relative=2.0).for_reranker(sentences_card).relative == 2.0  # a set one stays
-    assert CompressionParams(rationale_relative=None).for_reranker(sentences_card).relative is None
+    rule = lambda p: (p.evidence, p.relative, p.passage_margin)
+    assert (params.relative, params.rationale_relative, params.rationale_evidence, params.passage_margin) == (None, 6.25, 0.002, 1.0)
+    assert rule(params) == (0.0068, None, 1.0)  # the offline scorer's
+    assert params.for_reranker({"data": {}}) == replace(params, evidence=None)  # the budget, never the embedder's rule
+    assert rule(params.for_reranker(sentences_card)) == (0.002, None, None)
+    assert rule(CompressionParams(relative=2.0).for_reranker(sentences_card)) == (None, 2.0, 1.0)  # a set one stays
+    switched = CompressionParams(rationale_evidence=None).for_reranker(sentences_card)
+    assert rule(switched) == (None, 6.25, None)
+    assert rule(CompressionParams(rationale_evidence=None, rationale_relative=None).for_reranker(sentences_card)) == (None, None, 1.0)
     # under the relative rule a sentence is scored on its own (with the prior), not its passage's best
     ruled = replace(switched, lexical=0.0)
     assert combined([2.0, 1.0, 0.5], [0.0] * 3, ruled, [0, 0, 1], [1.0, 0.0]) == pytest.approx([2.0, 1.0, -0.5])
@@ -228,6 +237,7 @@ def test_scores_combine_model_and_lexical_overlap():
     ({"floor_share": 1.5}, "floor_share must be within [0, 1], got 1.5"),
     ({"evidence": 0.0}, "evidence must be within (0, 1), got 0.0"),
     ({"evidence": 1.0}, "evidence must be within (0, 1), got 1.0"),
+    ({"rationale_evidence": -0.1}, "rationale_evidence must be within (0, 1), got -0.1"),
     ({"scorer": "bm25"}, "unknown compression scorer 'bm25'; valid compression scorers: auto, embedder, cross-encoder, llm"),
 ])
 def test_bad_compression_params(kwargs, message):

@@ -177,14 +177,13 @@ def test_compression_passage_settings(monkeypatch):
 
 def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
     compression = load_settings().params().service.compression  # auto: by the reranker's card
-    assert (compression.relative, compression.rationale_relative, compression.passage_prior) == (None, 6.25, 1.0)
+    fields = lambda c: (c.relative, c.rationale_relative, c.rationale_evidence, c.passage_prior)
+    assert fields(compression) == (None, 6.25, 0.002, 1.0)
     monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "4.5")
     monkeypatch.setenv("LLMFRAME_COMPRESSION_PASSAGE_PRIOR", "1.5")
-    compression = load_settings().params().service.compression
-    assert (compression.relative, compression.rationale_relative, compression.passage_prior) == (4.5, None, 1.5)
+    assert fields(load_settings().params().service.compression) == (4.5, None, None, 1.5)
     monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "None")
-    compression = load_settings().params().service.compression
-    assert (compression.relative, compression.rationale_relative) == (None, None)
+    assert fields(load_settings().params().service.compression)[:3] == (None, None, None)
     monkeypatch.setenv("LLMFRAME_COMPRESSION_RELATIVE", "-1")
     with pytest.raises(ConfigError) as err:
         load_settings()
@@ -207,6 +206,8 @@ def test_compression_relative_threshold_and_passage_prior_settings(monkeypatch):
      "Input should be greater than or equal to 0 (got '-1')"),
     ("evidence", "EVIDENCE", 0.0068, (("none", None), ("", None), ("0.02", 0.02)), "1",
      "Input should be less than 1 (got '1')"),
+    ("rationale_evidence", "RATIONALE_EVIDENCE", 0.002, (("none", None), ("0.01", 0.01)), "0",
+     "Input should be greater than 0 (got '0')"),
 ])
 def test_compression_settings_that_none_turns_off(monkeypatch, field, name, default, values, bad, message):
     assert getattr(load_settings().params().service.compression, field) == default

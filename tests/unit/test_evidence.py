@@ -26,21 +26,22 @@ def test_features_place_each_sentence_against_the_questions_best_and_its_passage
 def test_probabilities_are_the_logistic_of_the_weighted_features():
     cos, overlap, owner = [0.5, 0.2], [1.0, 0.0], [0, 1]
     # only the overlap, weight 2, bias -1: sigmoid(1) and sigmoid(-1)
-    assert evidence.probabilities(cos, overlap, owner, (0, 0, 0, 2.0, 0), -1.0) == pytest.approx(
+    assert evidence.probabilities(cos, overlap, owner, evidence.Model((0, 0, 0, 2.0, 0), -1.0)) == pytest.approx(
         [1 / (1 + math.exp(-1)), 1 / (1 + math.exp(1))])
     # the passage's distance from the best (-0.3 for passage 1) and its rank (log 2)
-    assert evidence.probabilities(cos, overlap, owner, (0, 0, 10.0, 0, -1.0), 0.0) == pytest.approx(
+    assert evidence.probabilities(cos, overlap, owner, evidence.Model((0, 0, 10.0, 0, -1.0), 0.0)) == pytest.approx(
         [0.5, 1 / (1 + math.exp(3 + math.log(2)))])
-    shipped = evidence.probabilities([0.6, 0.3], [0.5, 0.5], [0, 0])
-    assert shipped[0] > shipped[1]  # the fitted model: a closer sentence is likelier evidence
+    for model in (evidence.EMBEDDER, evidence.CROSS_ENCODER):  # the fitted models: a higher score is likelier evidence
+        shipped = evidence.probabilities([0.6, 0.3], [0.5, 0.5], [0, 0], model)
+        assert shipped[0] > shipped[1]
 
 
 def test_fit_recovers_the_weights_that_drew_the_labels():
     rng = np.random.default_rng(7)
     x = rng.normal(size=(40_000, 2)) * [1.0, 3.0] + [0.5, -1.0]
     y = rng.random(len(x)) < 1 / (1 + np.exp(-(1.5 * x[:, 0] - 0.4 * x[:, 1] - 2.0)))
-    weights, bias = evidence.fit(x, y)
-    assert weights == pytest.approx((1.5, -0.4), abs=0.06) and bias == pytest.approx(-2.0, abs=0.08)
+    model = evidence.fit(x, y)
+    assert model.weights == pytest.approx((1.5, -0.4), abs=0.06) and model.bias == pytest.approx(-2.0, abs=0.08)
     with pytest.raises(ValueError) as raised:
         evidence.fit(x, np.zeros(len(x)))
     assert str(raised.value) == "fitting the evidence model needs rows of both labels"

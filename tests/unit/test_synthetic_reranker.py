@@ -155,6 +155,24 @@ def test_the_command_takes_a_dataset_or_an_index(given, tmp_path):
     assert "error: give exactly one of --dataset DIR (a BEIR folder) or --index DIR (with --synthetic)" in result.stderr
 
 
+def test_the_command_holds_out_the_share_it_is_given(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from llmframe_ray import cli
+    from llmframe_ray.train import run
+
+    configs = []
+    monkeypatch.setattr(run, "train_reranker", lambda dataset, split, out, config, *a, **k: configs.append(config) or
+                        {"steps": 0, "data": {"groups": 0}})
+    args = ["train-reranker", "--dataset", str(tmp_path), "--out", str(tmp_path / "m")]
+    for given, share in (([], 0.1), (["--held-out", "0.5"], 0.5)):
+        result = CliRunner().invoke(cli.app, [*args, *given])
+        assert result.exit_code == 0, result.output
+        assert configs.pop().validation_fraction == share
+    refused = CliRunner().invoke(cli.app, [*args, "--held-out", "0.95"])
+    assert refused.exit_code == 2 and "--held-out" in refused.output and "less than or equal to 0.9" in refused.output
+
+
 def test_ingest_can_end_by_adapting_a_reranker_to_the_corpus(corpus_dir, model_dir, tmp_path, monkeypatch, embedder):
     """`ingest --adapt-reranker OUT`: once the version is published, a reranker is trained on
     that index's own documents (the Ray job is replaced here by the in-process build, which
