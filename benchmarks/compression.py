@@ -226,6 +226,8 @@ def main() -> None:
         if args.held_out:
             held = held_out_ids(reranker, args.dataset)
             claims = [c for c in claims if str(c["id"]) in held]
+            if not claims:
+                raise SystemExit("--held-out: the reranker held out no claims_train claims (trained with --held-out 0)")
             variant += "-heldout"
         if args.rerank:  # the reranked top 5 depend on the depth reranked
             variant += f"-reranked-d{params.rerank.depth}"
@@ -269,9 +271,11 @@ def main() -> None:
                       ("floor_share", args.floor)):
         swept[name] = [None if x.strip() == "none" else float(x) for x in arg.split(",")] if arg else [getattr(base, name)]
     swept["passage_prior"] = [float(x) for x in args.prior.split(",")] if args.prior else [base.passage_prior]
-    # the evidence rule, or (none) the budget or relative rule: both by default where the scorer has an evidence model
+    # the offline scorer: its evidence rule and (none) the budget rule by default; a rationale reranker:
+    # its evidence rule (`--relative 6.25 --evidence none,...` adds the relative rule it replaced)
     swept["evidence"] = ([None if x.strip() == "none" else float(x) for x in args.evidence.split(",")] if args.evidence
-                         else [None, base.evidence] if base.evidence is not None else [None])
+                         else [None, base.evidence] if base.evidence is not None and args.scorer == "embedder"
+                         else [base.evidence])
     print(f"{'lexical':>8} {'quota':>6} {'passage':>8} {'neighbour':>9} {'margin':>7} {'relative':>8} {'prior':>6} "
           f"{'drop':>6} {'floor':>6} {'evidence':>8} {'budget':>7} {'rationale kept':>15} {'tokens kept':>12}")
     curve, seen = [], set()
@@ -284,9 +288,10 @@ def main() -> None:
         ev = "none" if setting["evidence"] is None else f"{setting['evidence']:.4f}"
         if ev != "none":  # the evidence rule replaces the relative one: one row each
             setting["relative"], relative = None, "none"
-            if ev in seen:
+            key = tuple(setting.items())
+            if key in seen:
                 continue
-            seen.add(ev)
+            seen.add(key)
         by_budget = relative == "none" and ev == "none"  # a relative or evidence threshold fills no budget
         for budget in budgets if by_budget else budgets[:1]:
             kept, tokens = measure(cases, replace(base.with_budget(budget), **setting))

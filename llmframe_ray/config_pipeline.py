@@ -21,8 +21,9 @@ class PipelineSettings(WriteSettings):
     prf_terms: int = Field(5, ge=1, le=100, validation_alias=_env("PRF_TERMS"))
     prf_weight: float = Field(0.5, ge=0, le=10, validation_alias=_env("PRF_WEIGHT"))
     rewrite_timeout_s: float = Field(10.0, gt=0, le=300, validation_alias=_env("REWRITE_TIMEOUT_S"))
-    # retrieval_strategy "compressed": tokens of passage text kept (0: by threshold only), the
-    # score a sentence needs to be kept regardless of the budget (unset: none), the scorer
+    # retrieval_strategy "compressed", where the budget rule applies (the evidence rule, below, is
+    # the default): tokens of passage text kept (0: by threshold only), the score a sentence needs
+    # to be kept regardless of the budget (unset: none; set: no evidence rule), the scorer
     compression_budget_tokens: int = Field(750, ge=0, le=1_000_000, validation_alias=_env("COMPRESSION_BUDGET_TOKENS"))
     compression_threshold: float | None = Field(None, validation_alias=_env("COMPRESSION_THRESHOLD"))
     compression_scorer: Scorer = Field(Scorer.AUTO, validation_alias=_env("COMPRESSION_SCORER"))
@@ -33,9 +34,9 @@ class PipelineSettings(WriteSettings):
         550, ge=0, le=1_000_000, validation_alias=_env("COMPRESSION_PASSAGE_BUDGET_TOKENS")
     )
     # with a reranker deployed: keep every sentence within this of the best one instead of a
-    # budget ("auto": 6.25 where the reranker was trained with --rationales, else the budget;
-    # "none": the budget), and lower each sentence by this prior x its passage's distance from the
-    # best passage (reranker logits)
+    # budget ("auto": where the reranker was trained with --rationales, its evidence rule, or 6.25
+    # with COMPRESSION_RATIONALE_EVIDENCE none, else the budget; "none": the budget), and lower
+    # each sentence by this prior x its passage's distance from the best passage (reranker logits)
     compression_relative: str = Field("auto", validation_alias=_env("COMPRESSION_RELATIVE"))
     compression_passage_prior: float = Field(1.0, ge=0, le=100, validation_alias=_env("COMPRESSION_PASSAGE_PRIOR"))
     # under the relative rule: a passage whose best sentence is further than the relative
@@ -96,18 +97,21 @@ class PipelineSettings(WriteSettings):
 
     def compression_params(self, local_embedder: bool = True) -> CompressionParams:
         """`local_embedder`: the query encoder is the local model the evidence model was fitted
-        with (its cosines are what the model reads); without it the offline scorer fills the budget."""
+        with (its cosines are what the model reads); without it the offline scorer fills the
+        budget. A score threshold (or no budget) set here asks for the threshold and budget
+        rules: no evidence rule then."""
         budget = self.compression_budget_tokens or None
         if budget is None and self.compression_threshold is None:
             raise ConfigError("LLMFRAME_COMPRESSION_BUDGET_TOKENS is 0 and no LLMFRAME_COMPRESSION_THRESHOLD is set")
+        by_score = self.compression_threshold is not None or budget is None
         return CompressionParams(
             budget_tokens=budget, threshold=self.compression_threshold, scorer=self.compression_scorer,
             passage_margin=self.compression_passage_margin,
             passage_budget_tokens=self.compression_passage_budget_tokens or None,
             passage_prior=self.compression_passage_prior, passage_drop=self.compression_passage_drop,
             floor_share=self.compression_floor_share,
-            evidence=self.compression_evidence if local_embedder else None,
-            **{"rationale_evidence": self.compression_rationale_evidence, **self._relative_params()},
+            evidence=None if by_score or not local_embedder else self.compression_evidence,
+            **{"rationale_evidence": None if by_score else self.compression_rationale_evidence, **self._relative_params()},
         )
 
     def _relative_params(self) -> dict[str, float | None]:

@@ -234,8 +234,11 @@ class Ranking:
         use_ce = params.scorer is compress.Scorer.CROSS_ENCODER or (
             params.scorer in (compress.Scorer.AUTO, compress.Scorer.LLM) and self.stages.has_reranker
         )
-        if use_ce and self.stages.has_reranker:  # a reranker trained on rationale sentences: the relative rule
-            params = params.for_reranker(await self._reranker_card())
+        if use_ce and self.stages.has_reranker:  # a reranker trained on rationale sentences: its evidence rule
+            card = await self._reranker_card()
+            if card is None:
+                warnings.append("the reranker's model card could not be read: compressed by the budget rule")
+            params = params.for_reranker(card or {})
         if ask.threshold is not None:  # the request's threshold, with its budget if it gives one
             params = params.with_budget(ask.budget_tokens, threshold=ask.threshold)
         elif ask.budget_tokens is not None:
@@ -254,9 +257,10 @@ class Ranking:
                 return compress.apply(hits, split, compress.with_one_each(split, keep)), usage
         texts = [compress.scoring_text(hits[p].title, s) for p, s in zip(split.owner, split.sentences)]
         # the whole passages too, in the same call, where the reranker keeps passages whole
-        # the prior and the relative rule read them beside cross-encoder sentence scores only
-        by_passage = params.passage_margin is not None or (
-            use_ce and params.evidence is None and (params.relative is not None or params.passage_prior))
+        # the prior and the relative rule read them beside cross-encoder sentence scores only;
+        # the evidence rule reads the sentences alone
+        by_passage = params.evidence is None and (
+            params.passage_margin is not None or (use_ce and (params.relative is not None or params.passage_prior)))
         passages = [h.passage for h in hits] if by_passage and self.stages.has_reranker else []
         try:
             if use_ce:
@@ -289,15 +293,15 @@ class Ranking:
             self._sentence_vectors.popitem(last=False)
         return compress.cosines(vectors[0], [self._sentence_vectors.get(t) for t in texts])
 
-    async def _reranker_card(self) -> Mapping[str, Any]:
-        """The deployed reranker's model card, asked once; empty (asked again next time) when
+    async def _reranker_card(self) -> Mapping[str, Any] | None:
+        """The deployed reranker's model card, asked once; None (asked again next time) when
         the stage cannot answer."""
         if self._card is None:
             try:
                 self._card = dict(await self.stages.rerank_card())
             except Exception as exc:  # noqa: BLE001 - compression goes on with the plain settings
                 logger.warning("reranker model card: not available (%s)", exc)
-                return {}
+                return None
         return self._card
 
     async def _rerank_weight(self, version: str) -> float:

@@ -1,16 +1,19 @@
 """Contextual compression, the stage between reranking and generation: keep only the sentences of
 each retrieved passage that matter for the question, so the answer prompt gets fewer tokens.
 
-    passages -> sentences -> a score per sentence (below) -> keep by token budget or threshold
+    passages -> sentences -> a score per sentence (below) -> keep by an evidence threshold, a
+                token budget, a relative threshold or a score threshold
              -> each hit's text becomes its kept sentences, in their order ("..." where some were cut)
 
-A sentence's score is its embedding's cosine with the query's (`embedder`: the query encoder that
-retrieval uses) or the cross-encoder's score of (query, sentence) (`cross-encoder`, where a
-reranker is deployed), plus `lexical` times the share of the query's content stems that it holds,
-plus `passage` times its passage's best score (so a passage that answers the question keeps more
-of itself than one that does not). Every passage keeps its best sentence, so every citation
-still points at the document and chunk it came from with text that matters; the rest of the
-budget goes to the best sentences overall (optionally after per-passage quotas by length).
+By default the evidence rule (below) decides. The budget rule (a request's budget or threshold, a
+hosted embedder, a reranker not trained on rationale sentences, or `evidence` None): a sentence's
+score is its embedding's cosine with the query's (`embedder`: the query encoder that retrieval
+uses) or the cross-encoder's score of (query, sentence) (`cross-encoder`, where a reranker is
+deployed), plus `lexical` times the share of the query's content stems that it holds, plus
+`passage` times its passage's best score (so a passage that answers the question keeps more of
+itself than one that does not). Every passage keeps its best sentence, so every citation still
+points at the document and chunk it came from with text that matters; the rest of the budget
+goes to the best sentences overall (optionally after per-passage quotas by length).
 
 Under the relative rule (a reranker trained on rationale sentences), a passage whose best sentence
 scores far below the question's best keeps nothing and leaves the list (`passage_drop`), and a
@@ -23,8 +26,8 @@ rationale sentences, the sentences are kept by an evidence model instead of a bu
 question (retrieve/evidence.py: a logistic regression over its score, its lexical overlap, how far
 it and its passage's best are below the question's best sentence, and its hit's rank, fitted on
 SciFact's train claims, one per scorer) is compared with one threshold, and the question's best
-sentence is kept; nothing is kept for a passage's own sake, so a hit of which nothing is kept
-leaves the list.
+sentence is kept; nothing is kept for a passage's own sake (no passage is kept whole), so a hit
+of which nothing is kept leaves the list. No budget caps it: a request's budget does.
 
 Where a cross-encoder scores the whole passages too (a reranker is deployed), the passages it
 scores within `passage_margin` of the best one are kept whole, before the budget and over it if
@@ -100,14 +103,16 @@ class CompressionParams:
 
     `evidence`: with the offline scorer, keep the sentences whose probability of being evidence
     (retrieve/evidence.py) is at least this, and the question's best one, instead of filling the
-    budget (a request's budget or threshold replaces it, as it does the relative rule); None:
-    fill the budget. Chosen with the model's fit on SciFact's claims_train claims (the most
-    rationale kept with at most 40% of the tokens, out of fold).
+    budget or keeping passages whole (a request's budget or threshold replaces it, as it does
+    the relative rule); None: the budget. Chosen with the model's fit on SciFact's claims_train
+    claims (the most rationale kept with at most 40% of the tokens, out of fold).
 
     `rationale_evidence`: with a deployed reranker trained on rationale sentences and `relative`
     unset, the same rule on the cross-encoder's evidence model (`for_reranker`), instead of the
-    relative rule at `rationale_relative`; None: the relative rule. Chosen the same way on the
-    404 claims_train claims that a reranker trained on the other half held out (ties: fewer tokens)."""
+    relative rule at `rationale_relative`; None: the relative rule. The model was fitted on the
+    404 claims_train claims that a reranker trained on the other half held out; the threshold
+    was chosen by the same rule (ties: fewer tokens) on the 81 claims that the deployed reranker
+    held out, since the two models' logits are not calibrated alike (README)."""
 
     budget_tokens: int | None = 750
     threshold: float | None = None
@@ -288,19 +293,19 @@ def whole_passages(passage_scores: Sequence[float] | None, margin: float | None)
 def select(split: Split, scores: Sequence[float], params: CompressionParams, whole: Collection[int] = (),
            relative: bool = False, evidence: bool = False) -> list[bool]:
     """Which sentences to keep (see the module docstring); every sentence of the `whole`
-    passages (`whole_passages`) is kept, whatever the budget. `relative` (a reranker scored the
+    passages (`whole_passages`) is kept, whatever the budget (not under the evidence rule). `relative` (a reranker scored the
     passages, and `params.relative` is set): every sentence within `params.relative` of the best
     one is kept, and no budget is filled; with `params.passage_drop`, a passage whose best sentence
     is further than `relative` + that below the best one keeps nothing (but what reaches
     `params.threshold`); with `params.floor_share`, the kept tokens are then topped up to that
-    share (`_topped_up`). `evidence` (the scores are `embedder_scores`' probabilities, and
+    share (`_topped_up`). `evidence` (the scores are `sentence_scores`' probabilities, and
     `params.evidence` is set): every sentence scoring at least `params.evidence` is kept, and the
-    best one; a passage with none keeps nothing."""
+    best one; a passage with none keeps nothing, and none is kept whole."""
     n = len(split.sentences)
     keep = [split.owner[i] in whole for i in range(n)]
     order = sorted(range(n), key=lambda i: (-scores[i], i))
     if evidence and params.evidence is not None:
-        keep = [k or s >= params.evidence for k, s in zip(keep, scores)]
+        keep = [s >= params.evidence for s in scores]
         if n:
             keep[order[0]] = True
         return keep

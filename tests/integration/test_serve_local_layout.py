@@ -16,6 +16,7 @@ from llmframe_ray.graph.build import ensure_graph
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.ingest.build import build_index
 from llmframe_ray.models.embedder import OnnxEmbedder
+from llmframe_ray.retrieve import compress
 from llmframe_ray.retrieve.pipeline import Pipeline
 from tests.integration.test_serve_app import AUTH, DOCS, KEY, QUERIES, local_hits, served_hits
 from tests.serving import running_app
@@ -78,24 +79,31 @@ def test_concurrent_requests_with_a_bad_query_among_them(served):
     assert stats["Retriever"]["largest_batch_calls"] >= 1
 
 
-def test_compressed_scores_sentences_with_the_replicas_encoder(served):
+def test_compressed_scores_sentences_with_the_replicas_encoder(served, model_dir):
     """No Reranker here: compression embeds the sentences with the Ingress replica's own query
-    encoder (RetrieverCore.embed_texts). Each passage is one sentence: under the evidence rule it
-    is kept whole or leaves the list, and with a request's budget each keeps its one sentence."""
-    client, _, _ = served
-    plain = client.post("/v1/search", headers=AUTH, json={"query": QUERIES[0], "top_k": 4}).json()
-    wanted = [(h["chunk_id"], h["text"]) for h in plain["hits"]]
-    for budget in (None, 1):
+    encoder (RetrieverCore.embed_texts) and keeps them by the evidence rule, as the in-process
+    stage functions do with the same model. Each passage is one sentence: it is kept whole or
+    leaves the list; with a request's budget each keeps its one sentence."""
+    client, index_dir, overrides = served
+    settings = load_settings(**overrides)
+    loaded = IndexDirectory(index_dir).load()
+    embedder = OnnxEmbedder(model_dir, threads=1)
+    hits = Pipeline(loaded.shards, embedder, settings.params().retrieval).search(QUERIES[0], "hybrid", 4)
+    split = compress.Split.of_hits(hits)
+    vectors = embedder.embed([QUERIES[0], *(compress.scoring_text(hits[p].title, s) for p, s in zip(split.owner, split.sentences))])
+    params = settings.params().service.compression
+    scores, rule = compress.sentence_scores(
+        compress.cosines(vectors[0], vectors[1:]), compress.lexical_overlap(QUERIES[0], split.sentences), params, split.owner)
+    assert rule
+    expected = [(h.chunk_id, h.text) for h in compress.apply(hits, split, compress.select(split, scores, params, evidence=rule))]
+    assert 0 < len(expected) <= len(hits)
+    for budget, wanted in ((None, expected), (1, [(h.chunk_id, h.text) for h in hits])):
         body = {"query": QUERIES[0], "top_k": 4, "retrieval_strategy": "compressed", "compression_budget_tokens": budget}
         squeezed = client.post("/v1/search", headers=AUTH, json={k: v for k, v in body.items() if v is not None})
         assert squeezed.status_code == 200, squeezed.text
         answer = squeezed.json()
         assert answer["warnings"] == [] and "compress" in answer["timings_ms"]
-        kept = [(h["chunk_id"], h["text"]) for h in answer["hits"]]
-        if budget is None:
-            assert kept and kept == [pair for pair in wanted if pair in kept]  # whole, in order
-        else:
-            assert kept == wanted
+        assert [(h["chunk_id"], h["text"]) for h in answer["hits"]] == wanted, budget
 
 
 def scraped(client) -> dict[tuple[str, tuple], float]:

@@ -191,6 +191,18 @@ def test_offline_compression_keeps_the_sentences_likely_to_be_evidence(index_dir
         assert [(h["doc_id"], h["text"]) for h in found] == expected
         assert [h["chunk_id"] for h in budgeted] == [h.chunk_id for h in hybrid]  # one token: each keeps its best
         assert all(len(pieces) == 1 for pieces in compressed_pieces(budgeted))
+    # the embedder's sentence scores beside a deployed reranker (LLMFRAME_COMPRESSION_SCORER=embedder):
+    # the same rule, no whole passage asked for or kept (the passage margin is the budget rule's)
+    beside = load_settings(**{**settings.model_dump(), "compression_scorer": "embedder"})
+    reranker = PassageReranker({h.passage: 9.0 for h in hybrid})
+    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=reranker)
+    with TestClient(create_app(RagService(stages, beside.params().service), ApiKeys.from_settings(beside))) as c:
+        with_reranker = search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"]
+    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version())
+    with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
+        alone = search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"]
+    assert reranker.asked == [] and [h["text"] for h in with_reranker] == [h["text"] for h in alone]
+    assert len(alone) < len(hybrid) or any(h["text"] != full.text for h, full in zip(alone, hybrid))  # it cut something
 
 
 def test_compressed_answers_cite_the_same_documents(client):
@@ -396,7 +408,8 @@ def test_a_reranker_trained_on_rationale_sentences_gets_its_evidence_rule_by_def
         # hybrid[2]'s one sentence (0.0, rank 2) is far below: it leaves the list. Only the
         # sentences are scored: no whole passage is sent beside them
         assert kept == [[" ".join(first[:3])], second]
-        assert not set(reranker.asked[0]) & {h.passage for h in hybrid[:1]}
+        split = Split.of_hits(hybrid)
+        assert reranker.asked == [[texts(hybrid[p], s) for p, s in zip(split.owner, split.sentences)]]
     elif trained_on_sentences:
         # the one-sentence hybrid[1] is scored as its sentence (5.0): the best passage. Prior 1.0:
         # first[0] 0.5 and first[1] 0.0 are within 6.25 of second[0] (5.0), first[2] -2.0 is not;
@@ -406,3 +419,23 @@ def test_a_reranker_trained_on_rationale_sentences_gets_its_evidence_rule_by_def
     else:
         # margin 1.0: only hybrid[1] (5.0) is whole; the budget of one token adds nothing to the bests
         assert kept[0] == first[:1] and kept[1] == second and len(kept[2]) == 1
+
+
+def test_a_reranker_card_that_cannot_be_read_is_told_and_the_budget_rule_applies(index_dir, embedder):
+    class CardlessReranker(PassageReranker):
+        @property
+        def card(self):
+            raise RuntimeError("card store down")
+
+    query = "When did astronauts walk on the Moon?"
+    settings = load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, api_secret_key=KEY, compression_passage_margin="none",
+                             compression_budget_tokens=1)
+    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
+    hybrid = pipeline.search(query, "hybrid", 3)
+    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=CardlessReranker({}))
+    with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
+        body = search(c, query=query, top_k=3, retrieval_strategy="compressed")
+    assert body["warnings"] == ["the reranker's model card could not be read: compressed by the budget rule"]
+    # the budget rule, one token: every hit keeps its best sentence alone
+    assert [h["chunk_id"] for h in body["hits"]] == [h.chunk_id for h in hybrid]
+    assert all(len(pieces) == 1 for pieces in compressed_pieces(body["hits"]))

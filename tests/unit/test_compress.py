@@ -158,7 +158,7 @@ def test_with_the_evidence_rule_the_sentences_likely_enough_are_kept_and_passage
     assert select(split, probs, replace(params, evidence=0.1), evidence=True) == [True, False, True, True, False, False]
     # none likely enough: the question's best sentence alone
     assert select(split, probs, replace(params, evidence=0.95), evidence=True) == [True] + [False] * 5
-    assert select(split, probs, params, whole={2}, evidence=True) == [True, False, True, False, True, True]
+    assert select(split, probs, params, whole={2}, evidence=True) == [True, False, True, False, False, False]  # none whole
     # passage 2 kept nothing: its hit leaves the compressed list
     hits = [hit(d, "x") for d in "abc"]
     assert [h.doc_id for h in apply(hits, split, select(split, probs, params, evidence=True))] == ["a", "b"]

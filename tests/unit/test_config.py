@@ -223,4 +223,15 @@ def test_compression_settings_that_none_turns_off(monkeypatch, field, name, defa
 def test_the_evidence_rule_needs_the_local_embedder_it_was_fitted_with(monkeypatch):
     monkeypatch.setenv("LLMFRAME_EMBEDDING_PROVIDER", "openai")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    assert load_settings().params().service.compression.evidence is None  # other cosines: the budget
+    compression = load_settings().params().service.compression
+    assert (compression.evidence, compression.rationale_evidence) == (None, 0.002)  # other cosines: the budget
+
+
+@pytest.mark.parametrize("given", [{"LLMFRAME_COMPRESSION_THRESHOLD": "0.5"},
+                                   {"LLMFRAME_COMPRESSION_THRESHOLD": "0.5", "LLMFRAME_COMPRESSION_BUDGET_TOKENS": "0"}])
+def test_a_configured_score_threshold_asks_for_the_threshold_and_budget_rules(monkeypatch, given):
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    compression = load_settings().params().service.compression
+    assert (compression.evidence, compression.rationale_evidence, compression.threshold) == (None, None, 0.5)
+    assert compression.rationale_relative == 6.25  # a rationale reranker: the relative rule, the threshold beside it
