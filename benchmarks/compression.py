@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/compression.py --dataset ../shared/eval/scifact [--split train|dev]
         [--scorer cross-encoder --reranker MODEL_DIR [--precision int8]]
 
-For every claim, hybrid retrieval (the pipeline's defaults) returns the top 5 documents; each is
+For every claim, hybrid retrieval (the pipeline's defaults) returns the top 5 documents (`--top N`); each is
 compressed with the stage's own functions (retrieve/compress.py) from the release's sentence
 split of its abstract, scored by the query encoder (the offline scorer) or, with `--scorer
 cross-encoder`, by a trained reranker (what `auto` uses where one is deployed). Reported per token
@@ -49,7 +49,7 @@ def load_claims(folder: Path, split: str) -> list[dict]:
 
 
 def gather(pipeline, embedder, claims, abstracts, titled_sentences: bool = True, reranker=None,
-           sentences_by_reranker: bool = False, rerank: bool = False, sentence_model=None) -> list[dict]:
+           sentences_by_reranker: bool = False, rerank: bool = False, sentence_model=None, top: int = TOP) -> list[dict]:
     """Per claim: the top documents' sentences, each sentence's model score and lexical
     overlap, and which sentences are gold rationales. A document's sentence vectors do not
     depend on the claim: each retrieved document is embedded once. With `reranker` (a
@@ -60,7 +60,7 @@ def gather(pipeline, embedder, claims, abstracts, titled_sentences: bool = True,
     Reranker hands them to the stage by default. `sentence_model` (a CrossEncoder) scores the
     sentences instead of the reranker."""
     texts = [c["claim"] for c in claims]
-    found = pipeline.search_batch(texts, "hybrid", TOP, truncate=True, rerank=rerank)
+    found = pipeline.search_batch(texts, "hybrid", top, truncate=True, rerank=rerank)
     kept_hits = [[h for h in hits if h.doc_id in abstracts] for hits in found]
     docs_of = [[h.doc_id for h in hits] for hits in kept_hits]
     title = (lambda d: abstracts[d]["title"]) if titled_sentences else (lambda d: "")
@@ -172,6 +172,7 @@ def main() -> None:
     parser.add_argument("--neighbour", default=None, help="comma-separated neighbour weights to sweep (train)")
     parser.add_argument("--plot", default=None, help="write a PNG of rationale kept against tokens kept")
     parser.add_argument("--limit", type=int, default=None, help="only the first N claims of the split")
+    parser.add_argument("--top", type=int, default=TOP, help=f"documents compressed per claim (default {TOP})")
     parser.add_argument("--no-title", action="store_true", help="embed sentences without their passage title (a variant)")
     parser.add_argument("--fresh", action="store_true", help="score the sentences again instead of reading the cache")
     parser.add_argument("--scorer", default="embedder", choices=["embedder", "cross-encoder"],
@@ -208,7 +209,7 @@ def main() -> None:
     abstracts = {str(json.loads(line)["doc_id"]): json.loads(line) for line in (folder / "corpus_sentences.jsonl").read_text().splitlines()}
     claims = load_claims(folder, args.split)
     started = time.perf_counter()
-    variant = "-notitle" if args.no_title else ""
+    variant = ("-notitle" if args.no_title else "") + (f"-top{args.top}" if args.top != TOP else "")
     reranker = None
     if args.scorer == "cross-encoder" and not args.reranker:
         parser.error("--scorer cross-encoder needs --reranker DIR")
@@ -246,7 +247,7 @@ def main() -> None:
     else:
         cases = gather(pipeline, embedder, claims, abstracts, titled_sentences=not args.no_title, reranker=reranker,
                        sentences_by_reranker=args.scorer == "cross-encoder", rerank=args.rerank,
-                       sentence_model=sentence_model)
+                       sentence_model=sentence_model, top=args.top)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_bytes(pickle.dumps(cases))
     for case in cases:
@@ -258,7 +259,7 @@ def main() -> None:
         if base.evidence is not None:
             print(f"the reranker was trained on rationale sentences: its evidence model ({base.evidence}) by default")
     gold = sum(sum(c["gold"]) for c in cases)
-    print(f"machine: {cpu_description()}, {len(claims)} claims ({args.split}), top {TOP} documents, "
+    print(f"machine: {cpu_description()}, {len(claims)} claims ({args.split}), top {args.top} documents, "
           f"{gold} gold rationale sentences retrieved, {sum(len(c['split'].sentences) for c in cases)} sentences; "
           f"retrieval + sentence scoring {seconds:.1f} s (cached: {cache.name})")
     if args.fit:
