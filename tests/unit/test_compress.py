@@ -158,6 +158,7 @@ def test_with_the_evidence_rule_the_sentences_likely_enough_are_kept_and_passage
     assert select(split, probs, replace(params, evidence=0.1), evidence=True) == [True, False, True, True, False, False]
     # none likely enough: the question's best sentence alone
     assert select(split, probs, replace(params, evidence=0.95), evidence=True) == [True] + [False] * 5
+    assert select(Split.of([]), [], params, evidence=True) == []  # no hits: nothing to keep, no error
     assert select(split, probs, params, whole={2}, evidence=True) == [True, False, True, False, False, False]  # none whole
     # passage 2 kept nothing: its hit leaves the compressed list
     hits = [hit(d, "x") for d in "abc"]
@@ -174,6 +175,7 @@ def test_under_the_evidence_rule_each_scorer_reads_its_own_evidence_model():
     got, rule = sentence_scores(scores, overlap, CompressionParams(), owner, cross_encoder=True, passage_scores=passages)
     assert rule and got == pytest.approx(evidence.probabilities(scores, overlap, owner, evidence.CROSS_ENCODER))
     assert evidence.EMBEDDER != evidence.CROSS_ENCODER
+    assert sentence_scores([], [], CompressionParams(), []) == ([], True)
     # without the rule: combined scores, the passage scores read beside a cross-encoder's only
     params = CompressionParams(evidence=None, lexical=0.0, passage=0.0)
     assert sentence_scores(scores, overlap, params, owner, False, passages) == (combined(scores, overlap, params, owner), False)
