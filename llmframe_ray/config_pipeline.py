@@ -50,8 +50,9 @@ class PipelineSettings(WriteSettings):
     compression_floor_share: float | None = Field(
         CompressionParams.floor_share, ge=0, le=1, validation_alias=_env("COMPRESSION_FLOOR_SHARE")
     )
-    # the offline scorer with the local embedder: keep the sentences whose probability of being
-    # evidence (retrieve/evidence.py) is at least this instead of filling the budget ("none": the budget)
+    # the offline scorer with the local embedder (and auto's beside a reranker trained on passages
+    # alone): keep the sentences whose probability of being evidence (retrieve/evidence.py) is at
+    # least this instead of filling the budget ("none": the budget; auto then takes any reranker's scores)
     compression_evidence: float | None = Field(
         CompressionParams.evidence, gt=0, lt=1, validation_alias=_env("COMPRESSION_EVIDENCE")
     )

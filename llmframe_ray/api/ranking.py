@@ -231,13 +231,13 @@ class Ranking:
     async def _compress(self, query: str, hits: list[Hit], ask: Ask, warnings: list[str]) -> tuple[list[Hit], Usage | None]:
         """The hits cut to the sentences that matter, and the LLM's tokens when it chose them."""
         params = self.params.compression
-        use_ce = params.scorer is compress.Scorer.CROSS_ENCODER or (
-            params.scorer in (compress.Scorer.AUTO, compress.Scorer.LLM) and self.stages.has_reranker
-        )
-        if use_ce and self.stages.has_reranker:  # a reranker trained on rationale sentences: its evidence rule
-            card = await self._reranker_card()
-            if card is None:
-                warnings.append("the reranker's model card could not be read: compressed by the budget rule")
+        reranker = self.stages.has_reranker
+        card = await self._reranker_card() if reranker and params.scorer is not compress.Scorer.EMBEDDER else {}
+        use_ce = compress.uses_cross_encoder(params, reranker, card)
+        if card is None:
+            how = "compressed by the budget rule" if use_ce else "the sentences were scored by the embedder"
+            warnings.append(f"the reranker's model card could not be read: {how}")
+        if use_ce and reranker:  # a reranker trained on rationale sentences: its evidence rule
             params = params.for_reranker(card or {})
         if ask.threshold is not None:  # the request's threshold, with its budget if it gives one
             params = params.with_budget(ask.budget_tokens, threshold=ask.threshold)

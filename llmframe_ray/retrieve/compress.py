@@ -56,7 +56,7 @@ MAX_SENTENCE_CHARS = 1000  # what the scorer sees of one sentence (the query enc
 
 
 class Scorer(Choice):
-    AUTO = "auto"  # the cross-encoder where one is deployed, else the embedder
+    AUTO = "auto"  # the cross-encoder where one trained on rationale sentences is deployed, else the embedder (uses_cross_encoder)
     EMBEDDER = "embedder"
     CROSS_ENCODER = "cross-encoder"
     LLM = "llm"  # the provider chain picks the sentences (generate/extracting.py); offline scoring without a key
@@ -179,6 +179,19 @@ class CompressionParams:
         if whole and self.budget_tokens is not None and self.passage_budget_tokens is not None:
             return self.passage_budget_tokens
         return self.budget_tokens
+
+
+def uses_cross_encoder(params: CompressionParams, has_reranker: bool, card: Mapping[str, Any] | None) -> bool:
+    """Whether the cross-encoder scores the sentences (else the embedder): always with the
+    `cross-encoder` scorer; with `auto` (and `llm`'s offline fallback) where a reranker is deployed
+    and either its `card` says it was trained on rationale sentences or the embedder's evidence
+    rule is off (a reranker trained on passages alone scores a sentence worse than the embedder's
+    evidence model reads it: README "The advanced pipeline"); never with `embedder`."""
+    if params.scorer is Scorer.CROSS_ENCODER:
+        return True
+    if params.scorer is Scorer.EMBEDDER or not has_reranker:
+        return False
+    return params.evidence is None or (card is not None and scores_sentences(card))
 
 
 def scores_sentences(card: Mapping[str, Any]) -> bool:

@@ -377,16 +377,18 @@ def test_with_a_relative_threshold_compression_keeps_what_scores_near_the_best_a
     assert compressed_pieces(found) == [[" ".join(first[:1])], second]
 
 
-@pytest.mark.parametrize(("trained_on_sentences", "rule"), [(True, "auto"), (True, "none"), (False, "auto")])
+@pytest.mark.parametrize(("trained_on_sentences", "rule"), [(True, "auto"), (True, "none"), (False, "auto"), (False, "none")])
 def test_a_reranker_trained_on_rationale_sentences_gets_its_evidence_rule_by_default(index_dir, embedder, trained_on_sentences, rule):
-    """LLMFRAME_COMPRESSION_RELATIVE=auto (the default): where the reranker's card says it was trained
-    with --rationales, its evidence model (retrieve/evidence.py, threshold
+    """LLMFRAME_COMPRESSION_SCORER=auto (the default) with a Reranker deployed: where its card says
+    it was trained with --rationales, its evidence model (retrieve/evidence.py, threshold
     LLMFRAME_COMPRESSION_RATIONALE_EVIDENCE; `none`: the relative rule at 6.25), no passage kept
-    whole; the passage margin and the budget otherwise."""
+    whole. A reranker trained on passages alone: the embedder's evidence rule, the reranker not
+    asked (LLMFRAME_COMPRESSION_EVIDENCE `none`: its scores, the passage margin and the budget)."""
     query = "When did astronauts walk on the Moon?"
+    evidence = {"compression_rationale_evidence": 0.002 if rule == "auto" else "none"} if trained_on_sentences else {
+        "compression_evidence": 0.0068 if rule == "auto" else "none"}
     settings = load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, api_secret_key=KEY,
-                             compression_budget_tokens=1, compression_passage_budget_tokens=1,
-                             compression_rationale_evidence=0.002 if rule == "auto" else "none")
+                             compression_budget_tokens=1, compression_passage_budget_tokens=1, **evidence)
     pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
     hybrid = pipeline.search(query, "hybrid", 3)
     first, second = sentences(hybrid[0].text), sentences(hybrid[1].text)
@@ -410,6 +412,12 @@ def test_a_reranker_trained_on_rationale_sentences_gets_its_evidence_rule_by_def
         assert kept == [[" ".join(first[:3])], second]
         split = Split.of_hits(hybrid)
         assert reranker.asked == [[texts(hybrid[p], s) for p, s in zip(split.owner, split.sentences)]]
+    elif not trained_on_sentences and rule == "auto":
+        assert reranker.asked == []
+        stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version())
+        with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
+            alone = compressed_pieces(search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"])
+        assert kept == alone  # what the embedder's evidence rule keeps without a reranker
     elif trained_on_sentences:
         # the one-sentence hybrid[1] is scored as its sentence (5.0): the best passage. Prior 1.0:
         # first[0] 0.5 and first[1] 0.0 are within 6.25 of second[0] (5.0), first[2] -2.0 is not;
@@ -421,7 +429,10 @@ def test_a_reranker_trained_on_rationale_sentences_gets_its_evidence_rule_by_def
         assert kept[0] == first[:1] and kept[1] == second and len(kept[2]) == 1
 
 
-def test_a_reranker_card_that_cannot_be_read_is_told_and_the_budget_rule_applies(index_dir, embedder):
+@pytest.mark.parametrize("embedder_evidence", [True, False])
+def test_a_reranker_card_that_cannot_be_read_is_told(index_dir, embedder, embedder_evidence):
+    """The embedder's evidence rule then (it does not depend on the reranker), or, with
+    LLMFRAME_COMPRESSION_EVIDENCE=none, the budget rule."""
     class CardlessReranker(PassageReranker):
         @property
         def card(self):
@@ -429,13 +440,19 @@ def test_a_reranker_card_that_cannot_be_read_is_told_and_the_budget_rule_applies
 
     query = "When did astronauts walk on the Moon?"
     settings = load_settings(chunk_size=128, chunk_overlap=8, fusion_depth=8, api_secret_key=KEY, compression_passage_margin="none",
-                             compression_budget_tokens=1)
+                             compression_budget_tokens=1, compression_evidence=0.0068 if embedder_evidence else "none")
     pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval)
     hybrid = pipeline.search(query, "hybrid", 3)
-    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=CardlessReranker({}))
+    reranker = CardlessReranker({})
+    stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=reranker)
     with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
         body = search(c, query=query, top_k=3, retrieval_strategy="compressed")
-    assert body["warnings"] == ["the reranker's model card could not be read: compressed by the budget rule"]
-    # the budget rule, one token: every hit keeps its best sentence alone
-    assert [h["chunk_id"] for h in body["hits"]] == [h.chunk_id for h in hybrid]
-    assert all(len(pieces) == 1 for pieces in compressed_pieces(body["hits"]))
+    if embedder_evidence:
+        assert body["warnings"] == ["the reranker's model card could not be read: the sentences were scored by the embedder"]
+        assert reranker.asked == []
+        assert len(body["hits"]) < len(hybrid) or any(h["text"] != full.text for h, full in zip(body["hits"], hybrid))
+    else:
+        assert body["warnings"] == ["the reranker's model card could not be read: compressed by the budget rule"]
+        # the budget rule, one token: every hit keeps its best sentence alone
+        assert [h["chunk_id"] for h in body["hits"]] == [h.chunk_id for h in hybrid]
+        assert all(len(pieces) == 1 for pieces in compressed_pieces(body["hits"]))

@@ -20,6 +20,7 @@ from llmframe_ray.retrieve.compress import (
     scores_sentences,
     select,
     sentence_scores,
+    uses_cross_encoder,
     whole_passages,
 )
 from llmframe_ray.retrieve import evidence
@@ -181,6 +182,19 @@ def test_under_the_evidence_rule_each_scorer_reads_its_own_evidence_model():
     assert sentence_scores(scores, overlap, params, owner, False, passages) == (combined(scores, overlap, params, owner), False)
     assert sentence_scores(scores, overlap, params, owner, True, passages) == (
         combined(scores, overlap, params, owner, passages), False)
+
+
+def test_auto_scores_sentences_with_the_cross_encoder_only_where_it_was_trained_on_sentences():
+    rationale, passages = {"data": {"rationale_groups": 935}}, {"data": {"groups": 828}}
+    auto = CompressionParams()
+    assert uses_cross_encoder(auto, True, rationale)
+    assert not uses_cross_encoder(auto, True, passages) and not uses_cross_encoder(auto, True, None)  # the embedder's rule
+    assert uses_cross_encoder(CompressionParams(evidence=None), True, passages)  # that rule off: the reranker's scores
+    assert not uses_cross_encoder(auto, False, {})  # no reranker
+    assert uses_cross_encoder(CompressionParams(scorer="cross-encoder"), True, passages)
+    assert uses_cross_encoder(CompressionParams(scorer="cross-encoder"), False, {})  # asked for: the stage says it is missing
+    assert not uses_cross_encoder(CompressionParams(scorer="embedder"), True, rationale)
+    assert uses_cross_encoder(CompressionParams(scorer="llm"), True, rationale)  # its offline fallback
 
 
 def test_the_passage_prior_lowers_sentences_of_passages_the_reranker_rates_below_the_best():
