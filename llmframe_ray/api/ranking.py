@@ -233,16 +233,13 @@ class Ranking:
         params = self.params.compression
         reranker = self.stages.has_reranker
         card = await self._reranker_card() if reranker and params.scorer is not compress.Scorer.EMBEDDER else {}
-        use_ce = compress.uses_cross_encoder(params, reranker, card)
+        use_ce = compress.uses_cross_encoder(_asked(params, ask), reranker, card)  # as the request leaves the rules
         if card is None:
-            how = "compressed by the budget rule" if use_ce else "the sentences were scored by the embedder"
+            how = "compressed by the budget rule" if use_ce else "the reranker did not score the sentences"
             warnings.append(f"the reranker's model card could not be read: {how}")
         if use_ce and reranker:  # a reranker trained on rationale sentences: its evidence rule
             params = params.for_reranker(card or {})
-        if ask.threshold is not None:  # the request's threshold, with its budget if it gives one
-            params = params.with_budget(ask.budget_tokens, threshold=ask.threshold)
-        elif ask.budget_tokens is not None:
-            params = params.with_budget(ask.budget_tokens)
+        params = _asked(params, ask)
         split = compress.Split.of_hits(hits)
         if params.scorer is compress.Scorer.LLM:
             try:
@@ -317,3 +314,13 @@ class Ranking:
                 return self.params.rerank.weight_for(None)
             self._rerank_weights[version] = self.params.rerank.weight_for(similarity)
         return self._rerank_weights[version]
+
+
+def _asked(params: compress.CompressionParams, ask: Ask) -> compress.CompressionParams:
+    """The compression settings with the request's threshold (and its budget, if it gives one)
+    or its budget instead of the default rule."""
+    if ask.threshold is not None:
+        return params.with_budget(ask.budget_tokens, threshold=ask.threshold)
+    if ask.budget_tokens is not None:
+        return params.with_budget(ask.budget_tokens)
+    return params

@@ -184,14 +184,16 @@ class CompressionParams:
 def uses_cross_encoder(params: CompressionParams, has_reranker: bool, card: Mapping[str, Any] | None) -> bool:
     """Whether the cross-encoder scores the sentences (else the embedder): always with the
     `cross-encoder` scorer; with `auto` (and `llm`'s offline fallback) where a reranker is deployed
-    and either its `card` says it was trained on rationale sentences or the embedder's evidence
-    rule is off (a reranker trained on passages alone scores a sentence worse than the embedder's
-    evidence model reads it: README "The advanced pipeline"); never with `embedder`."""
+    and its `card` says it was trained on rationale sentences, or a relative threshold is set, or
+    the embedder's evidence rule is off (a request's budget or threshold, a configured threshold,
+    hosted embeddings, `evidence` None): a reranker trained on passages alone scores a sentence
+    worse than the embedder's evidence model reads it (README "The advanced pipeline"). Never
+    with `embedder`."""
     if params.scorer is Scorer.CROSS_ENCODER:
         return True
     if params.scorer is Scorer.EMBEDDER or not has_reranker:
         return False
-    return params.evidence is None or (card is not None and scores_sentences(card))
+    return params.evidence is None or params.relative is not None or (card is not None and scores_sentences(card))
 
 
 def scores_sentences(card: Mapping[str, Any]) -> bool:

@@ -418,6 +418,13 @@ def test_a_reranker_trained_on_rationale_sentences_gets_its_evidence_rule_by_def
         with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
             alone = compressed_pieces(search(c, query=query, top_k=3, retrieval_strategy="compressed")["hits"])
         assert kept == alone  # what the embedder's evidence rule keeps without a reranker
+        # a request's budget leaves the evidence rule: the reranker's scores, its margin, the budget
+        stages = LocalStages(index_dir, pipeline, IndexDirectory(index_dir).current_version(), reranker=reranker)
+        with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
+            budgeted = compressed_pieces(search(c, query=query, top_k=3, retrieval_strategy="compressed",
+                                                compression_budget_tokens=1)["hits"])
+        assert len(reranker.asked) == 1
+        assert budgeted[0] == first[:1] and budgeted[1] == second and len(budgeted[2]) == 1
     elif trained_on_sentences:
         # the one-sentence hybrid[1] is scored as its sentence (5.0): the best passage. Prior 1.0:
         # first[0] 0.5 and first[1] 0.0 are within 6.25 of second[0] (5.0), first[2] -2.0 is not;
@@ -448,7 +455,7 @@ def test_a_reranker_card_that_cannot_be_read_is_told(index_dir, embedder, embedd
     with TestClient(create_app(RagService(stages, settings.params().service), ApiKeys.from_settings(settings))) as c:
         body = search(c, query=query, top_k=3, retrieval_strategy="compressed")
     if embedder_evidence:
-        assert body["warnings"] == ["the reranker's model card could not be read: the sentences were scored by the embedder"]
+        assert body["warnings"] == ["the reranker's model card could not be read: the reranker did not score the sentences"]
         assert reranker.asked == []
         assert len(body["hits"]) < len(hybrid) or any(h["text"] != full.text for h, full in zip(body["hits"], hybrid))
     else:

@@ -190,11 +190,14 @@ def test_auto_scores_sentences_with_the_cross_encoder_only_where_it_was_trained_
     assert uses_cross_encoder(auto, True, rationale)
     assert not uses_cross_encoder(auto, True, passages) and not uses_cross_encoder(auto, True, None)  # the embedder's rule
     assert uses_cross_encoder(CompressionParams(evidence=None), True, passages)  # that rule off: the reranker's scores
-    assert not uses_cross_encoder(auto, False, {})  # no reranker
+    assert not uses_cross_encoder(auto, False, {}) and not uses_cross_encoder(auto, True, {})  # no reranker; no card data
+    assert uses_cross_encoder(CompressionParams(relative=4.5), True, passages)  # a relative threshold: the reranker's scores
+    assert uses_cross_encoder(auto.with_budget(300), True, passages)  # a request's budget: as before the evidence rule
     assert uses_cross_encoder(CompressionParams(scorer="cross-encoder"), True, passages)
     assert uses_cross_encoder(CompressionParams(scorer="cross-encoder"), False, {})  # asked for: the stage says it is missing
     assert not uses_cross_encoder(CompressionParams(scorer="embedder"), True, rationale)
     assert uses_cross_encoder(CompressionParams(scorer="llm"), True, rationale)  # its offline fallback
+    assert not uses_cross_encoder(CompressionParams(scorer="llm"), True, passages)
 
 
 def test_the_passage_prior_lowers_sentences_of_passages_the_reranker_rates_below_the_best():
