@@ -314,6 +314,7 @@ def train_reranker_command(
     synthetic_queries: int = typer.Option(1000, "--synthetic-queries", min=1, help="With --synthetic: how many pseudo-queries."),
     rationales: bool = typer.Option(False, "--rationales", help="Also train on the dataset's rationale sentences (rationales/, SciFact's layout): the sentence scores that contextual compression reads."),
     held_out: float = typer.Option(0.1, "--held-out", min=0.0, max=0.9, help="Share of the split's queries held out from training (seeded): the card's validation."),
+    average_last: float = typer.Option(0.0, "--average-last", min=0.0, max=0.95, help="Export the mean of the weights over this last share of the steps (e.g. 0.5: the second of two epochs) instead of the last step's."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
     if (dataset is None) == (index is None):
@@ -321,7 +322,7 @@ def train_reranker_command(
     _train_reranker(
         dataset, index, split, out, teacher, synthetic_queries if synthetic else None, epochs=epochs, seed=seed,
         negatives=negatives, max_length=max_length, max_steps=max_steps, layers=layers, distill_weight=distill_weight,
-        rationales=rationales, validation_fraction=held_out,
+        rationales=rationales, validation_fraction=held_out, average_last=average_last,
     )
 
 

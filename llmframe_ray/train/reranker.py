@@ -31,6 +31,7 @@ import numpy as np
 from llmframe_ray.eval.beir import BeirDataset
 from llmframe_ray.models.cross_encoder import CARD_FILE, ONNX_FILES
 from llmframe_ray.models.export import bundled_minilm_path, export_graph, quantize_int8, write_folder
+from llmframe_ray.train.average import TailAverage
 from llmframe_ray.types import passage_text
 
 Log = Callable[[str], None]
@@ -58,6 +59,7 @@ class TrainConfig:
     layers: int | None = None  # keep this many of MiniLM's layers (evenly spaced, see kept_layers); None: all
     distill_weight: float = 0.5  # with a teacher's scores (train/distill.py): share of the soft loss
     distill_temperature: float = 1.0
+    average_last: float = 0.0  # export the mean of the weights over this last share of the steps (0: the final ones)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "negatives", "mining_depth", "groups_per_step", "max_length", "threads"):
@@ -72,6 +74,8 @@ class TrainConfig:
                 f"distill_weight must be in [0, 1] and distill_temperature > 0, got "
                 f"{self.distill_weight} and {self.distill_temperature}"
             )
+        if not 0 <= self.average_last < 1:
+            raise ValueError(f"average_last must be in [0, 1), got {self.average_last}")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
 
@@ -180,6 +184,7 @@ def train(
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
     )
+    average = TailAverage(trainable, total, config.average_last)
     report = TrainReport()
     started = time.perf_counter()
     window: list[float] = []
@@ -207,6 +212,7 @@ def train(
             optimizer.step()
             schedule.step()
             step += 1
+            average.update(step)
             report.pairs += len(pairs)
             window.append(float(loss.item()))
             if step % 10 == 0 or step == total:
@@ -219,6 +225,7 @@ def train(
                     f"({report.pairs / elapsed:.1f} pairs/s, {elapsed:.0f}s, ETA {left:.0f}s)")
     report.steps = step
     report.seconds = time.perf_counter() - started
+    averaged = average.apply()
 
     def fill(tmp: Path) -> None:
         export_graph(model, tmp / ONNX_FILES["fp32"], "logits")
@@ -230,6 +237,7 @@ def train(
             "max_length": config.max_length,
             "config": asdict(config),
             "steps": report.steps,
+            **({"averaged_steps": averaged} if averaged else {}),
             "pairs_seen": report.pairs,
             "train_seconds": round(report.seconds, 1),
             "loss_curve": report.loss_curve,

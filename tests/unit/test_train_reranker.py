@@ -248,6 +248,25 @@ def test_kept_layers_are_evenly_spaced_and_end_with_the_last():
         TrainConfig(layers=0)
 
 
+def test_averaged_weights_follow_the_same_run_and_export_its_late_mean(dataset_dir, settings, tmp_path):
+    """--average-last 0.5 over 4 steps: the same training steps (same loss curve), the mean of
+    steps 3 and 4 exported (the card says how many), so other scores than the last step's."""
+    config = replace(CONFIG, epochs=2, max_steps=None, layers=2)
+    last = train_reranker(dataset_dir, "train", tmp_path / "last", config, lambda line: None, **train_params(settings))
+    mean = train_reranker(
+        dataset_dir, "train", tmp_path / "mean", replace(config, average_last=0.5), lambda line: None,
+        **train_params(settings),
+    )
+    assert last["steps"] == mean["steps"] == 4
+    assert mean["loss_curve"] == last["loss_curve"]
+    assert mean["averaged_steps"] == 2 and "averaged_steps" not in last
+    assert mean["config"]["average_last"] == 0.5
+    pairs = [("why do tides happen", t) for t in TOPICS.values()]
+    assert not np.allclose(
+        CrossEncoder(tmp_path / "mean").score_pairs(pairs), CrossEncoder(tmp_path / "last").score_pairs(pairs)
+    )
+
+
 def test_a_smaller_reranker_keeps_the_chosen_layers_end_to_end(dataset_dir, settings, tmp_path, trained):
     """--layers 2: the exported model has 2 transformer layers (config, ONNX graph), the card says
     which, the ONNX scores match the PyTorch model, and it differs from the 6-layer model."""
