@@ -15,7 +15,8 @@ class TailAverage:
 
     def __init__(self, params, total: int, share: float) -> None:
         self.params = list(params)
-        self.first = total - int(total * share) + 1 if share > 0 else None
+        # 1e-9: 100 steps x 0.57 is 56.99999... in floating point, and means 57 steps
+        self.first = total - int(total * share + 1e-9) + 1 if share > 0 else None
         self.sums = None
         self.count = 0
 

@@ -226,6 +226,8 @@ def train(
     report.steps = step
     report.seconds = time.perf_counter() - started
     averaged = average.apply()
+    if config.average_last > 0:  # 0 steps: the share is under one step, and the last step's weights are exported
+        log(f"  exporting the weights averaged over the last {averaged} of {step} steps (--average-last {config.average_last})")
 
     def fill(tmp: Path) -> None:
         export_graph(model, tmp / ONNX_FILES["fp32"], "logits")

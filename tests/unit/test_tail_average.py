@@ -42,7 +42,8 @@ def test_a_share_too_small_for_one_step_averages_nothing():
 
 
 def test_sums_do_not_alias_the_weights():
-    p = torch.nn.Parameter(torch.ones(2))
+    """A float64 weight converted to float64 is the same tensor unless copied: the sum must be a copy."""
+    p = torch.nn.Parameter(torch.ones(2, dtype=torch.float64))
     average = TailAverage([p], 2, 0.99)  # int(1.98) = 1 step: step 2 only
     with torch.no_grad():
         p.fill_(3.0)
@@ -50,6 +51,12 @@ def test_sums_do_not_alias_the_weights():
     with torch.no_grad():
         p.fill_(100.0)
     assert average.apply() == 1 and p.tolist() == [3.0, 3.0]
+
+
+def test_a_share_that_floats_below_its_step_count_keeps_it():
+    """100 x 0.57 is 56.99999999999999 in floating point: still the last 57 steps."""
+    assert TailAverage([], 100, 0.57).first == 44
+    assert TailAverage([], 100, 0.29).first == 72
 
 
 def test_config_refuses_a_share_outside_0_1():

@@ -248,23 +248,45 @@ def test_kept_layers_are_evenly_spaced_and_end_with_the_last():
         TrainConfig(layers=0)
 
 
-def test_averaged_weights_follow_the_same_run_and_export_its_late_mean(dataset_dir, settings, tmp_path):
+def test_averaged_weights_follow_the_same_run_and_export_its_late_mean(dataset_dir, settings, tmp_path, monkeypatch):
     """--average-last 0.5 over 4 steps: the same training steps (same loss curve), the mean of
-    steps 3 and 4 exported (the card says how many), so other scores than the last step's."""
+    steps 3 and 4 of every trained weight exported (the card says how many), so other scores
+    than the last step's."""
+    import llmframe_ray.train.reranker as reranker
+    from llmframe_ray.models.export import bundled_minilm_path
+    from llmframe_ray.train.average import TailAverage
+
+    seen = {}
+
+    class Recording(TailAverage):
+        def update(self, step):
+            before = self.count
+            super().update(step)
+            if self.count > before:
+                seen.setdefault("steps", []).append(step)
+                seen["params"] = len(self.params)
+
+    monkeypatch.setattr(reranker, "TailAverage", Recording)
     config = replace(CONFIG, epochs=2, max_steps=None, layers=2)
     last = train_reranker(dataset_dir, "train", tmp_path / "last", config, lambda line: None, **train_params(settings))
+    assert seen == {}
+    lines = []
     mean = train_reranker(
-        dataset_dir, "train", tmp_path / "mean", replace(config, average_last=0.5), lambda line: None,
+        dataset_dir, "train", tmp_path / "mean", replace(config, average_last=0.5), lines.append,
         **train_params(settings),
     )
+    assert seen["steps"] == [3, 4]
+    # every weight that trains: the encoder's (not its frozen embeddings), the head, scale and gates
+    fresh = reranker.mean_pool_classifier(bundled_minilm_path(), layers=2)
+    assert seen["params"] == len(list(fresh.parameters())) - len(list(fresh.encoder.embeddings.parameters()))
+    assert "  exporting the weights averaged over the last 2 of 4 steps (--average-last 0.5)" in lines
     assert last["steps"] == mean["steps"] == 4
     assert mean["loss_curve"] == last["loss_curve"]
     assert mean["averaged_steps"] == 2 and "averaged_steps" not in last
     assert mean["config"]["average_last"] == 0.5
     pairs = [("why do tides happen", t) for t in TOPICS.values()]
-    assert not np.allclose(
-        CrossEncoder(tmp_path / "mean").score_pairs(pairs), CrossEncoder(tmp_path / "last").score_pairs(pairs)
-    )
+    moved = np.abs(CrossEncoder(tmp_path / "mean").score_pairs(pairs) - CrossEncoder(tmp_path / "last").score_pairs(pairs))
+    assert moved.max() > 1e-3  # 0.06 when written
 
 
 def test_a_smaller_reranker_keeps_the_chosen_layers_end_to_end(dataset_dir, settings, tmp_path, trained):
