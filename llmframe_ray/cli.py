@@ -310,25 +310,35 @@ def train_reranker_command(
     layers: Optional[int] = typer.Option(None, "--layers", min=1, max=6, help="Keep this many of MiniLM's 6 layers (evenly spaced): a smaller, faster reranker. Default: all 6."),
     teacher: Optional[Path] = typer.Option(None, "--teacher", help="A trained reranker folder whose scores of the training pairs are soft labels too (distillation)."),
     distill_weight: float = typer.Option(0.5, "--distill-weight", min=0.0, max=1.0, help="With --teacher: the soft loss's share."),
-    synthetic: bool = typer.Option(False, "--synthetic", help="No judgments: train on pseudo-queries made from the corpus (sentences of its documents); --split is not read."),
+    synthetic: bool = typer.Option(False, "--synthetic", help="No judgments: train on pseudo-queries made from the corpus (its documents' titles, or sentences); --split is not read."),
     synthetic_queries: int = typer.Option(1000, "--synthetic-queries", min=1, help="With --synthetic: how many pseudo-queries."),
+    pseudo_queries: str = typer.Option("auto", "--pseudo-queries", help="With --synthetic: title (each document's title; every passage read without it), sentence (one sentence taken out of its document), or auto: titles when at least half the documents have one of 3+ words."),
+    init: Optional[Path] = typer.Option(None, "--init", help="Start from this reranker folder (made by train-reranker; its layers) instead of MiniLM: e.g. adapt a trained model to a corpus with --synthetic."),
     rationales: bool = typer.Option(False, "--rationales", help="Also train on the dataset's rationale sentences (rationales/, SciFact's layout): the sentence scores that contextual compression reads."),
     held_out: float = typer.Option(0.1, "--held-out", min=0.0, max=0.9, help="Share of the split's queries held out from training (seeded): the card's validation."),
     average_last: float = typer.Option(0.0, "--average-last", min=0.0, max=0.95, help="Export the mean of the weights over this last share of the steps (e.g. 0.5: the second of two epochs) instead of the last step's."),
 ) -> None:
-    """Fine-tune a cross-encoder reranker from the bundled MiniLM; export ONNX fp32 + int8."""
+    """Fine-tune a cross-encoder reranker from the bundled MiniLM (or --init M); export ONNX fp32 + int8."""
+    from llmframe_ray.train.synthetic import PseudoQueries
+
     if (dataset is None) == (index is None):
         _fail("give exactly one of --dataset DIR (a BEIR folder) or --index DIR (with --synthetic)")
+    try:
+        source = PseudoQueries.from_str(pseudo_queries)
+    except ValueError as exc:
+        _fail(f"--pseudo-queries: {exc}")
     _train_reranker(
         dataset, index, split, out, teacher, synthetic_queries if synthetic else None, epochs=epochs, seed=seed,
         negatives=negatives, max_length=max_length, max_steps=max_steps, layers=layers, distill_weight=distill_weight,
         rationales=rationales, validation_fraction=held_out, average_last=average_last,
+        pseudo_queries=source, init=init,
     )
 
 
 def _train_reranker(
     dataset: Path | None, index: Path | None, split: str, out: Path, teacher: Path | None,
-    synthetic_queries: int | None, rationales: bool = False, **config: Any,
+    synthetic_queries: int | None, rationales: bool = False, pseudo_queries: Any = "auto",
+    init: Path | None = None, **config: Any,
 ) -> None:
     from llmframe_ray.train.reranker import TrainConfig
     from llmframe_ray.train.run import train_reranker
@@ -340,6 +350,7 @@ def _train_reranker(
         embedder=params.embedder, index=params.index, indexes_dir=params.indexes_dir,
         retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k, teacher=teacher,
         synthetic_queries=synthetic_queries, index_dir=index, rationales=rationales,
+        pseudo_queries=pseudo_queries, init=init,
     )
     typer.echo(f"wrote {out}: {card['steps']} steps, {card['data']['groups']} groups")
     for name, figures in (card.get("validation") or {}).items():

@@ -61,10 +61,11 @@ class EvalMode(Choice):
 
 def check_reranker_data(card: dict, dataset: BeirDataset) -> None:
     """Refuse a reranker whose model card says it was trained on these very judgments, or
-    distilled from a teacher that was (the card's `teacher`, recursively)."""
-    teacher = card.get("teacher")
-    if isinstance(teacher, dict):
-        check_reranker_data(teacher, dataset)
+    distilled from a teacher or started from a model that was (the card's `teacher` and `init`,
+    recursively)."""
+    for source in ("teacher", "init"):
+        if isinstance(card.get(source), dict):
+            check_reranker_data(card[source], dataset)
     data = card.get("data") or {}
     same_file = data.get("qrels_sha256") == dataset.qrels_sha256
     same_split = data.get("corpus_sha256") == dataset.corpus_sha256 and data.get("split") == dataset.split

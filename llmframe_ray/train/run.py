@@ -20,9 +20,13 @@ from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
 from llmframe_ray.train.distill import check_teacher_split, teacher_card, teacher_scores
-from llmframe_ray.train.synthetic import MAX_WORDS, MIN_WORDS, corpus_of_index, synthetic_dataset, without_sentences
+from llmframe_ray.train.synthetic import (
+    MAX_WORDS, MIN_TITLE_WORDS, MIN_WORDS, PseudoQueries, corpus_of_index, synthetic_dataset, untitled,
+    without_sentences,
+)
 from llmframe_ray.train.rationales import RATIONALE_POOL_DEPTH, load_rationales, sentence_groups
 from llmframe_ray.train.reranker import Log, TrainConfig, build_groups, split_queries, train
+from llmframe_ray.train.warm_start import init_layers
 from llmframe_ray.types import Hit, SearchMode
 
 VALIDATION_DEPTH = 30  # fixed, so that cards compare across models and sessions; serving reranks LLMFRAME_RERANKER_DEPTH
@@ -93,6 +97,8 @@ def train_reranker(
     synthetic_queries: int | None = None,
     index_dir: Path | None = None,
     rationales: bool = False,
+    pseudo_queries: PseudoQueries = PseudoQueries.AUTO,
+    init: Path | None = None,
 ) -> dict:
     """Train a reranker on `split` of a BEIR folder; return the model card written. With a
     `teacher` (a reranker folder), its scores of every training pair are soft labels too
@@ -101,16 +107,26 @@ def train_reranker(
     is no validation (the eval harness on real queries is the measure). `index_dir` instead of
     a BEIR folder (synthetic only): the documents and the hybrid negatives of that index. With
     `rationales`, the gold rationale sentences of the split's claims are training groups too
-    (train/rationales.py)."""
+    (train/rationales.py). `pseudo_queries`: what of a document becomes a pseudo-query. `init`:
+    a reranker folder made by train-reranker to start from instead of MiniLM (train/warm_start.py;
+    its layer count, which `config.layers` must not contradict)."""
     out_dir = Path(out_dir)
     positives = None
+    pseudo_queries = PseudoQueries.from_str(pseudo_queries)
+    if init is not None:
+        layers = init_layers(init)
+        if config.layers is not None and config.layers != layers:
+            raise DatasetError(f"--layers {config.layers} contradicts --init {init}, a {layers}-layer reranker")
+        config = replace(config, layers=layers)
     if index_dir is not None and synthetic_queries is None:
         raise DatasetError("an index has no relevance judgments: train on it with --synthetic")
     if synthetic_queries is not None:
         corpus = corpus_of_index(index_dir) if index_dir is not None else load_corpus(dataset_dir)
-        dataset, positives = synthetic_dataset(corpus, synthetic_queries, config.seed)
+        pseudo_queries = pseudo_queries.resolve(corpus)
+        dataset, positives = synthetic_dataset(corpus, synthetic_queries, config.seed, pseudo_queries)
         config = replace(config, validation_fraction=0.0)  # held-out pseudo-queries would be found by their own words
-        log(f"{len(dataset.queries)} pseudo-queries from {dataset.name}'s documents (no judgments read)")
+        log(f"{len(dataset.queries)} pseudo-queries ({pseudo_queries.value}s) from {dataset.name}'s documents "
+            "(no judgments read)")
     elif split == "test":
         raise DatasetError("refusing to train on test judgments; use a training split (e.g. --split train)")
     else:
@@ -126,7 +142,8 @@ def train_reranker(
         qid: [doc for doc, _ in ranked]
         for qid, ranked in run_mode(pipeline, subset(dataset, train_ids), SearchMode.HYBRID, config.mining_depth).items()
     }
-    groups = build_groups(dataset, train_ids, candidates, config)
+    titles_out = positives is not None and pseudo_queries is PseudoQueries.TITLE  # every passage without its title
+    groups = build_groups(untitled(dataset) if titles_out else dataset, train_ids, candidates, config)
     if positives is not None:
         groups = without_sentences(groups, positives)
     sentences = []
@@ -157,7 +174,13 @@ def train_reranker(
             "negatives": f"hybrid top {config.mining_depth} minus every document judged for the query",
         },
     }
-    if positives is not None:
+    if titles_out:
+        card["data"]["pseudo_queries"] = (
+            f"the title ({MIN_TITLE_WORDS}+ words; with no title field, a first sentence of {MIN_TITLE_WORDS}-{MAX_WORDS} "
+            f"words) of each of {len(dataset.queries)} documents sampled with seed {config.seed}; every training "
+            "passage is read without its title; no judgments used"
+        )
+    elif positives is not None:
         card["data"]["pseudo_queries"] = (
             f"one sentence ({MIN_WORDS}-{MAX_WORDS} words, not the title) of each of {len(dataset.queries)} documents "
             f"sampled with seed {config.seed}; the positive is its document without that sentence; no judgments used"
@@ -168,7 +191,11 @@ def train_reranker(
         card["domain"] = domain
     if teacher is not None:
         card["teacher"] = {**teacher_info, "weight": config.distill_weight, "temperature": config.distill_temperature}
-    report = train(groups, out_dir, config, card, log)
+    if init is not None:  # what it had learnt comes along: the eval's leak check follows it (eval/runner.py)
+        card["init"] = teacher_card(init)
+        if teacher is None or Path(init).resolve() != Path(teacher).resolve():
+            check_teacher_split(card["init"], read_card(init), dataset.name, config, log, "the model started from")
+    report = train(groups, out_dir, config, card, log, init=init)
     log(f"trained {report.steps} steps in {report.seconds:.0f}s; exported to {out_dir}")
     if val_ids:
         log(f"validating on {len(val_ids)} held-out {split} queries")

@@ -1,15 +1,28 @@
 """Training data for a reranker from a corpus alone: pseudo-queries, no relevance judgments.
 
 Most users have no judgments for their own corpus. `train-reranker --synthetic` makes them a
-training set from the documents themselves:
+training set from the documents themselves, in one of two ways (`PseudoQueries`; `auto`, the
+default, takes titles where most documents have one):
 
-    a seeded sample of documents
-      -> one sentence of each (5-40 words, not the title) is the pseudo-query
-      -> the document *without that sentence* is its positive passage (with the sentence left
-         in, the pair would teach copying, not relevance)
+    title
+      a seeded sample of documents whose title has 3 or more words (a document with no title
+      field lends its first sentence of 3-40 words, as MEDLINE abstracts carry theirs)
+      -> the title is the pseudo-query
+      -> every training passage, the positive and the negatives alike, is read without its
+         title (and without a first sentence that repeats it): with the title left in, the
+         pair would teach copying, and with it left in the negatives only, "no title" would
+         mark the positive
+    sentence
+      -> one sentence of each sampled document (5-40 words, not the title) is the pseudo-query
+      -> the document *without that sentence* is its positive passage
+
+    then, either way:
       -> hard negatives: our own hybrid top documents for the pseudo-query, minus its source
       -> optionally a teacher's scores of every pair (train/distill.py), which also tempers
          the negatives that are in fact relevant
+
+A title says what its document is about, as a searcher's query does; a sentence taken out of a
+document mostly says what its neighbours say. Measured: README "Reranking out of its domain".
 
 The result is a BeirDataset whose queries are the pseudo-queries and whose judgments say only
 "this query came from that document", so the rest of training (mining, groups, distillation,
@@ -32,10 +45,36 @@ from llmframe_ray.index.domain import SYNTHETIC
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.passage_window import sentences
 from llmframe_ray.train.reranker import Group
-from llmframe_ray.types import Chunk, Document, passage_text
+from llmframe_ray.types import Choice, Chunk, Document, passage_text
 
 SPLIT = SYNTHETIC
 MIN_WORDS, MAX_WORDS = 5, 40
+MIN_TITLE_WORDS = 3  # a shorter title ("Aspirin", a person's name) names its document rather than asks
+MIN_BODY_WORDS = 20  # what must remain of a document read without its title
+
+
+TITLED_SHARE = 0.5  # auto: titles when at least this share of the documents can give one
+
+
+class PseudoQueries(Choice):
+    """What of a document becomes its pseudo-query (module docstring); `auto` takes titles when
+    at least TITLED_SHARE of the corpus's documents have a usable one (files ingested under
+    one-word names do not), sentences otherwise."""
+
+    @classmethod
+    def label(cls) -> str:
+        return "pseudo-query source"
+
+    AUTO = "auto"
+    TITLE = "title"
+    SENTENCE = "sentence"
+
+    def resolve(self, corpus: BeirDataset) -> PseudoQueries:
+        """TITLE or SENTENCE for this corpus."""
+        if self is not PseudoQueries.AUTO:
+            return self
+        titled = sum(pick_title(document) is not None for document in corpus.corpus)
+        return PseudoQueries.TITLE if titled >= TITLED_SHARE * len(corpus.corpus) else PseudoQueries.SENTENCE
 
 
 def _normal(text: str) -> str:
@@ -57,12 +96,51 @@ def pick_sentence(document: Document, rng: random.Random) -> tuple[str, str] | N
     return parts[i], " ".join(parts[:i] + parts[i + 1 :])
 
 
-def synthetic_dataset(corpus: BeirDataset, max_queries: int, seed: int) -> tuple[BeirDataset, dict[str, str]]:
+def split_title(document: Document) -> tuple[str, str]:
+    """(title, the text without it): the title field, the text less a first sentence that
+    repeats it; with no title field, a first sentence of MIN_TITLE_WORDS-MAX_WORDS words and the
+    rest; else ("", the text)."""
+    parts = sentences(document.text)
+    title = document.title.strip()
+    if title:
+        if parts and _normal(parts[0]) == _normal(title):
+            parts = parts[1:]
+        return title, " ".join(parts)
+    if len(parts) > 1 and MIN_TITLE_WORDS <= len(parts[0].split()) <= MAX_WORDS:
+        return parts[0], " ".join(parts[1:])
+    return "", document.text
+
+
+def pick_title(document: Document, rng: random.Random | None = None) -> tuple[str, str] | None:
+    """(the title as pseudo-query, the document's text without it), or None when the title is
+    shorter than MIN_TITLE_WORDS or too little text remains without it. `rng` is not drawn
+    from (one title per document), but taken for the same signature as `pick_sentence`."""
+    title, body = split_title(document)
+    if len(title.split()) < MIN_TITLE_WORDS or len(body.split()) < MIN_BODY_WORDS:
+        return None
+    return title, body
+
+
+def untitled(corpus: BeirDataset) -> BeirDataset:
+    """`corpus` with every document read without its title (split_title): what title
+    pseudo-queries train on, positives and negatives alike."""
+    documents = []
+    for document in corpus.corpus:
+        body = split_title(document)[1]
+        documents.append(replace(document, title="", text=body if body.strip() else document.text))
+    return replace(corpus, corpus=tuple(documents))
+
+
+def synthetic_dataset(
+    corpus: BeirDataset, max_queries: int, seed: int, source: PseudoQueries = PseudoQueries.AUTO
+) -> tuple[BeirDataset, dict[str, str]]:
     """Pseudo-queries for up to `max_queries` documents of `corpus` (a seeded sample), as a
-    dataset judged by source document, and each pseudo-query's positive passage (title and the
-    text without the sentence)."""
+    dataset judged by source document, and each pseudo-query's positive passage (for a
+    sentence, the title and the text without the sentence; for a title, the text without it)."""
     if max_queries < 1:
         raise ValueError(f"max_queries must be >= 1, got {max_queries}")
+    source = PseudoQueries.from_str(source).resolve(corpus)
+    pick = pick_title if source is PseudoQueries.TITLE else pick_sentence
     rng = random.Random(seed)
     order = sorted(range(len(corpus.corpus)), key=lambda i: corpus.corpus[i].doc_id)
     rng.shuffle(order)
@@ -73,18 +151,21 @@ def synthetic_dataset(corpus: BeirDataset, max_queries: int, seed: int) -> tuple
         if len(queries) >= max_queries:
             break
         document = corpus.corpus[i]
-        picked = pick_sentence(document, rng)
+        picked = pick(document, rng)
         if picked is None:
             continue
         qid = f"pseudo-{len(queries):05d}"
         queries[qid] = picked[0]
-        positives[qid] = passage_text(document.title, picked[1])
+        positives[qid] = picked[1] if source is PseudoQueries.TITLE else passage_text(document.title, picked[1])
         qrels[qid] = {document.doc_id: 1}
     if not queries:
-        raise ValueError(
-            f"no document of {corpus.name} has a sentence of {MIN_WORDS}-{MAX_WORDS} words besides its "
-            "title: nothing to make pseudo-queries from"
+        wanted = (
+            f"a title of {MIN_TITLE_WORDS} or more words (or a first sentence of {MIN_TITLE_WORDS}-{MAX_WORDS}) "
+            f"and {MIN_BODY_WORDS} words besides; try --pseudo-queries sentence"
+            if source is PseudoQueries.TITLE
+            else f"a sentence of {MIN_WORDS}-{MAX_WORDS} words besides its title"
         )
+        raise ValueError(f"no document of {corpus.name} has {wanted}: nothing to make pseudo-queries from")
     digest = hashlib.sha256(json.dumps([queries, qrels], sort_keys=True).encode("utf-8")).hexdigest()
     dataset = replace(
         corpus,

@@ -14,7 +14,7 @@ from llmframe_ray.models.cross_encoder import CrossEncoder, ScoreCache, rerank_o
 from llmframe_ray.models.export import bundled_minilm_path, export_graph, quantize_int8
 from llmframe_ray.models.sources import hub_target, load_reranker, resolve_model
 from llmframe_ray.retrieve.rerank import rerank_hits
-from llmframe_ray.train.reranker import torch_scores
+from llmframe_ray.train.warm_start import torch_scores
 from llmframe_ray.types import Hit
 
 PAIRS = [

@@ -1,5 +1,6 @@
 """Reranker training from a corpus alone (train-reranker --synthetic): pseudo-queries made from
-the documents' sentences, the sentence taken out of its positive, no judgments read."""
+the documents' titles (every passage then read without its title) or sentences (the sentence
+taken out of its positive), no judgments read."""
 
 import json
 import random
@@ -15,7 +16,7 @@ from llmframe_ray.models.cross_encoder import read_card
 from llmframe_ray.train import reranker as reranker_module
 from llmframe_ray.train.reranker import TrainConfig
 from llmframe_ray.train.run import train_reranker
-from llmframe_ray.train.synthetic import pick_sentence, sentences, synthetic_dataset
+from llmframe_ray.train.synthetic import PseudoQueries, pick_sentence, pick_title, sentences, synthetic_dataset
 from llmframe_ray.types import Document
 
 DOCS = {
@@ -46,6 +47,72 @@ def test_a_pseudo_query_is_one_sentence_taken_out_of_its_document():
         "Meltwater at the base makes them slide faster in summer!", "Glaciers flow slowly. Is that so? Yes."
     )
     assert pick_sentence(Document("e", "One sentence alone is not enough here."), random.Random(0)) is None
+
+
+BODY = "Measurements in a wind tunnel gave the lift of the wing at several angles of attack and speeds, and the theory was compared with them."
+TITLED = {
+    "wing": ("Lift of a wing in a propeller slipstream", "lift of a wing in a propeller slipstream . " + BODY),
+    "shell": ("Buckling of thin cylindrical shells under axial load", "Thin shells buckle suddenly under axial load. " + BODY),
+    "flow": ("Hypersonic flow around blunt bodies", "The Newtonian theory of impact gives the pressure on blunt bodies. " + BODY),
+    "short": ("Wings", "A title of one word names a document rather than asks about it. " + BODY),
+}
+
+
+def test_a_title_pseudo_query_reads_its_document_without_its_title():
+    """The title is the pseudo-query and the positive is the text without it (and without a
+    first sentence that repeats it, in any case and spacing); a document with no title lends
+    its first sentence; a title under 3 words, or under 20 words left, gives none."""
+    title, text = TITLED["wing"]
+    assert pick_title(Document("wing", text, title=title)) == (title, BODY)
+    title, text = TITLED["shell"]
+    assert pick_title(Document("shell", text, title=title)) == (title, text)  # no repeat to take out
+    assert pick_title(Document("medline", "The crystalline lens in vertebrates. " + BODY)) == ("The crystalline lens in vertebrates.", BODY)
+    assert pick_title(Document("short", TITLED["short"][1], title="Wings")) is None
+    assert pick_title(Document("thin", "Too little is left of this one.", title="A title of five words")) is None
+
+
+def test_auto_takes_titles_where_most_documents_have_them(corpus_dir):
+    titled = replace(load_corpus(corpus_dir), corpus=tuple(Document(k, x, title=t) for k, (t, x) in TITLED.items()))
+    assert PseudoQueries.AUTO.resolve(titled) is PseudoQueries.TITLE  # 3 of 4
+    assert PseudoQueries.AUTO.resolve(load_corpus(corpus_dir)) is PseudoQueries.SENTENCE  # one-word titles
+    half = replace(titled, corpus=titled.corpus[2:])  # 1 of 2: half is enough
+    assert PseudoQueries.AUTO.resolve(half) is PseudoQueries.TITLE
+    assert PseudoQueries.SENTENCE.resolve(titled) is PseudoQueries.SENTENCE
+    dataset, positives = synthetic_dataset(titled, 10, seed=1)
+    assert sorted(dataset.queries.values()) == sorted(t for k, (t, _) in TITLED.items() if k != "short")
+    assert all(positives[q] == pick_title(Document(k, TITLED[k][1], title=TITLED[k][0]))[1]
+               for q in dataset.queries for k in dataset.qrels[q])
+    with pytest.raises(ValueError, match="unknown pseudo-query source 'titles'; valid pseudo-query sources: auto, title, sentence"):
+        PseudoQueries.from_str("titles")
+    with pytest.raises(ValueError, match="no document of .* has a title of 3 or more words .* try --pseudo-queries sentence"):
+        synthetic_dataset(replace(titled, corpus=titled.corpus[3:]), 3, seed=1, source=PseudoQueries.TITLE)
+
+
+def test_title_pseudo_queries_train_on_passages_without_titles(corpus_dir, model_dir, tmp_path_factory, monkeypatch):
+    """Every training passage, positive and negatives, is read without its title, so that
+    neither copying the query nor the absence of a title marks the positive; the card says so."""
+    root = tmp_path_factory.mktemp("titled")
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "title": t, "text": x}) + "\n" for k, (t, x) in TITLED.items()))
+    home = tmp_path_factory.mktemp("home-titled")
+    (home / "models").mkdir()
+    (home / "models" / model_dir.name).symlink_to(model_dir)
+    params = load_settings(home=home, num_threads=2).params()
+    seen, lines = [], []
+    real = reranker_module.train
+    monkeypatch.setattr("llmframe_ray.train.run.train", lambda groups, *a, **k: seen.extend(groups) or real(groups, *a, **k))
+    config = TrainConfig(epochs=1, seed=5, negatives=2, mining_depth=3, groups_per_step=2, max_length=48, threads=2, max_steps=1, layers=1)
+    card = train_reranker(
+        root, "train", tmp_path_factory.mktemp("models") / "titled", config, lines.append, embedder=params.embedder,
+        index=params.index, indexes_dir=params.indexes_dir, retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k,
+        synthetic_queries=5,
+    )
+    assert "3 pseudo-queries (titles) from titled0's documents (no judgments read)" in lines
+    assert card["data"]["pseudo_queries"].startswith("the title (3+ words; with no title field, a first sentence of 3-40 words) of each of 3 documents")
+    assert sorted(g.query for g in seen) == sorted(t for k, (t, _) in TITLED.items() if k != "short")
+    untitled = {pick_title(Document(k, x, title=t))[1] if k != "short" else x for k, (t, x) in TITLED.items()}
+    for group in seen:
+        assert group.positive in untitled and all(n in untitled for n in group.negatives)
+        assert group.query not in group.positive and group.positive not in group.negatives
 
 
 def test_synthetic_dataset_is_seeded_and_judged_by_source(corpus_dir):
@@ -171,6 +238,25 @@ def test_the_command_holds_out_the_share_it_is_given(tmp_path, monkeypatch):
         assert configs.pop().validation_fraction == share
     refused = CliRunner().invoke(cli.app, [*args, "--held-out", "0.95"])
     assert refused.exit_code == 2 and "--held-out" in refused.output and "less than or equal to 0.9" in refused.output
+
+
+def test_the_command_passes_the_pseudo_query_source_and_the_model_to_start_from(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from llmframe_ray import cli
+    from llmframe_ray.train import run
+
+    calls = []
+    monkeypatch.setattr(run, "train_reranker", lambda *a, **k: calls.append(k) or {"steps": 0, "data": {"groups": 0}})
+    args = ["train-reranker", "--dataset", str(tmp_path), "--out", str(tmp_path / "m"), "--synthetic"]
+    assert CliRunner().invoke(cli.app, args).exit_code == 0
+    assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.AUTO, None)
+    given = CliRunner().invoke(cli.app, [*args, "--pseudo-queries", "Sentence", "--init", str(tmp_path / "start")])
+    assert given.exit_code == 0, given.output
+    assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.SENTENCE, tmp_path / "start")
+    refused = CliRunner().invoke(cli.app, [*args, "--pseudo-queries", "headings"])
+    assert refused.exit_code == 2 and len(calls) == 2
+    assert "error: --pseudo-queries: unknown pseudo-query source 'headings'; valid pseudo-query sources: auto, title, sentence" in refused.output
 
 
 def test_ingest_can_end_by_adapting_a_reranker_to_the_corpus(corpus_dir, model_dir, tmp_path, monkeypatch, embedder):

@@ -6,77 +6,27 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from llmframe_ray.config import load_settings
 from llmframe_ray.errors import DatasetError, ModelError
 from llmframe_ray.eval.beir import load_beir
 from llmframe_ray.eval.runner import check_reranker_data
 from llmframe_ray.models.cross_encoder import CrossEncoder, read_card
 from llmframe_ray.train.reranker import TrainConfig, build_groups, split_queries
 from llmframe_ray.train.run import train_reranker
-
-TOPICS = {
-    "bread": "Sourdough bread rises because wild yeast ferments the dough.",
-    "tides": "Ocean tides follow the gravitational pull of the Moon.",
-    "lava": "Shield volcanoes erupt runny basaltic lava.",
-    "bikes": "Cycling to work improves cardiovascular fitness.",
-    "ice": "Glaciers flow slowly under their own weight.",
-    "bees": "Honey bees communicate the direction of flowers by dancing.",
-    "stars": "Stars fuse hydrogen into helium in their cores.",
-    "rust": "Iron rusts when it reacts with oxygen and water.",
-}
-QUESTIONS = {
-    "q1": ("what makes sourdough rise", "bread"),
-    "q2": ("why do tides happen", "tides"),
-    "q3": ("how do volcanoes erupt", "lava"),
-    "q4": ("health benefits of cycling", "bikes"),
-    "q5": ("how do glaciers move", "ice"),
-    "q6": ("how do bees share where flowers are", "bees"),
-}
-
+from tests.unit.tiny_beir import CONFIG, QUESTIONS, TOPICS, tiny_settings, train_params, train_tiny, write_tiny_beir
 
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny-beir")
-    (root / "qrels").mkdir()
-    (root / "corpus.jsonl").write_text(
-        "".join(json.dumps({"_id": k, "title": k.title(), "text": v}) + "\n" for k, v in TOPICS.items())
-    )
-    (root / "queries.jsonl").write_text(
-        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, (t, _) in QUESTIONS.items())
-    )
-    lines = "".join(f"{q}\t{d}\t1\n" for q, (_, d) in QUESTIONS.items())
-    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + lines)
-    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tbread\t1\n")
-    return root
+    return write_tiny_beir(tmp_path_factory.mktemp("collection"))
 
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory, model_dir):
-    home = tmp_path_factory.mktemp("home")
-    (home / "models").mkdir()
-    (home / "models" / model_dir.name).symlink_to(model_dir)
-    return load_settings(home=home, num_threads=2)
-
-
-def train_params(settings):
-    params = settings.params()
-    return {
-        "embedder": params.embedder, "index": params.index, "indexes_dir": params.indexes_dir,
-        "retrieval": params.retrieval, "rerank_rrf_k": params.rerank.rrf_k,
-    }
-
-
-CONFIG = TrainConfig(
-    epochs=1, seed=7, negatives=2, mining_depth=5, groups_per_step=2, max_length=48,
-    validation_fraction=0.34, threads=2, max_steps=2,
-)
+    return tiny_settings(tmp_path_factory.mktemp("home"), model_dir)
 
 
 @pytest.fixture(scope="module")
 def trained(dataset_dir, settings, tmp_path_factory):
-    out = tmp_path_factory.mktemp("models") / "tiny-reranker"
-    card = train_reranker(dataset_dir, "train", out, CONFIG, lambda line: None, **train_params(settings))
-    return out, card
+    return train_tiny(dataset_dir, settings, tmp_path_factory.mktemp("models") / "tiny-reranker")
 
 
 def test_model_folder_and_card(trained, dataset_dir):
@@ -86,7 +36,7 @@ def test_model_folder_and_card(trained, dataset_dir):
     ]
     assert card == read_card(out)
     assert card["steps"] == 2 and card["max_length"] == 48 and card["config"]["seed"] == 7
-    assert card["data"]["dataset"] == "tiny-beir0" and card["data"]["split"] == "train"
+    assert card["data"]["dataset"] == "tiny-beir" and card["data"]["split"] == "train"
     assert card["data"]["train_queries"] == 4 and card["data"]["validation_queries"] == 2
     assert card["data"]["groups"] == 4
     assert [step for step, _ in card["loss_curve"]] == [2]
@@ -156,8 +106,8 @@ def test_eval_refuses_a_reranker_trained_on_the_same_judgments(trained, dataset_
     with pytest.raises(ModelError) as err:
         check_reranker_data(card, load_beir(dataset_dir, "train"))
     assert str(err.value) == (
-        "the reranker was trained on tiny-beir0/qrels/train.tsv; evaluating it on the same "
-        "judgments (tiny-beir0 train) would report training data as test results"
+        "the reranker was trained on tiny-beir/qrels/train.tsv; evaluating it on the same "
+        "judgments (tiny-beir train) would report training data as test results"
     )
 
 
@@ -205,7 +155,7 @@ def test_eval_rerank_mode_writes_runs(trained, dataset_dir, settings, tmp_path):
     # a reranker trained on these judgments is refused
     refused = subprocess.run(args[:-2] + ["--split", "train"], env=env, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2
-    assert "the reranker was trained on tiny-beir0/qrels/train.tsv" in refused.stderr
+    assert "the reranker was trained on tiny-beir/qrels/train.tsv" in refused.stderr
 
 
 def test_with_closed_gates_the_cross_encoder_scores_like_the_bi_encoder(embedder):
@@ -213,7 +163,8 @@ def test_with_closed_gates_the_cross_encoder_scores_like_the_bi_encoder(embedder
     scale * the bi-encoder's cosine (here checked against the ONNX embedder, to ONNX-vs-torch
     rounding); the default gate (-6) stays close to it."""
     from llmframe_ray.models.export import bundled_minilm_path
-    from llmframe_ray.train.reranker import mean_pool_classifier, pair_tokenizer, torch_scores
+    from llmframe_ray.train.reranker import mean_pool_classifier, pair_tokenizer
+    from llmframe_ray.train.warm_start import torch_scores
 
     query = "Vitamin D deficiency raises the risk of hip fractures in older adults."
     passages = [
@@ -350,7 +301,7 @@ def test_a_student_distilled_from_a_teacher_records_it_and_learns_from_its_score
 
     student_card = dict(read_card(student), data={"dataset": "elsewhere", "split": "train"})
     check_reranker_data(student_card, load_beir(dataset_dir, "test"))
-    with pytest.raises(ModelError, match="trained on tiny-beir0/qrels/train.tsv"):
+    with pytest.raises(ModelError, match="trained on tiny-beir/qrels/train.tsv"):
         check_reranker_data(student_card, load_beir(dataset_dir, "train"))  # through its teacher
 
 
