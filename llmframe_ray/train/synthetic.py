@@ -1,8 +1,8 @@
 """Training data for a reranker from a corpus alone: pseudo-queries, no relevance judgments.
 
 Most users have no judgments for their own corpus. `train-reranker --synthetic` makes them a
-training set from the documents themselves, in one of two ways (`PseudoQueries`; `auto`, the
-default, takes titles where most documents have one):
+training set from the documents themselves, in one of two ways (`PseudoQueries`: `sentence`,
+the default; `title`; or `auto`, titles where most documents have one):
 
     title
       a seeded sample of documents whose title has 3 or more words (a document with no title
@@ -32,6 +32,7 @@ export) is the judged path's own code. Deterministic for a seed (tested).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -54,12 +55,14 @@ MIN_BODY_WORDS = 20  # what must remain of a document read without its title
 
 
 TITLED_SHARE = 0.5  # auto: titles when at least this share of the documents can give one
+AUTO_SAMPLE = 2000  # documents (a seeded sample) that auto looks at in a larger corpus
 
 
 class PseudoQueries(Choice):
     """What of a document becomes its pseudo-query (module docstring); `auto` takes titles when
-    at least TITLED_SHARE of the corpus's documents have a usable one (files ingested under
-    one-word names do not), sentences otherwise."""
+    at least TITLED_SHARE of the corpus's documents (of a seeded sample of AUTO_SAMPLE in a
+    larger corpus) have a usable one (files ingested under one-word names do not), sentences
+    otherwise."""
 
     @classmethod
     def label(cls) -> str:
@@ -73,8 +76,11 @@ class PseudoQueries(Choice):
         """TITLE or SENTENCE for this corpus."""
         if self is not PseudoQueries.AUTO:
             return self
-        titled = sum(pick_title(document) is not None for document in corpus.corpus)
-        return PseudoQueries.TITLE if titled >= TITLED_SHARE * len(corpus.corpus) else PseudoQueries.SENTENCE
+        documents = corpus.corpus
+        if len(documents) > AUTO_SAMPLE:
+            documents = random.Random(0).sample(documents, AUTO_SAMPLE)
+        titled = sum(pick_title(document) is not None for document in documents)
+        return PseudoQueries.TITLE if titled >= TITLED_SHARE * len(documents) else PseudoQueries.SENTENCE
 
 
 def _normal(text: str) -> str:
@@ -98,17 +104,30 @@ def pick_sentence(document: Document, rng: random.Random) -> tuple[str, str] | N
 
 def split_title(document: Document) -> tuple[str, str]:
     """(title, the text without it): the title field, the text less a first sentence that
-    repeats it; with no title field, a first sentence of MIN_TITLE_WORDS-MAX_WORDS words and the
-    rest; else ("", the text)."""
+    repeats it, or less a first line that does (a Markdown or HTML heading has no full stop);
+    with no title field, a first sentence of MIN_TITLE_WORDS-MAX_WORDS words and the rest;
+    else ("", the text)."""
     parts = sentences(document.text)
     title = document.title.strip()
     if title:
         if parts and _normal(parts[0]) == _normal(title):
-            parts = parts[1:]
-        return title, " ".join(parts)
+            return title, " ".join(parts[1:])
+        return title, _without_heading(document.text, title)
     if len(parts) > 1 and MIN_TITLE_WORDS <= len(parts[0].split()) <= MAX_WORDS:
         return parts[0], " ".join(parts[1:])
     return "", document.text
+
+
+def _without_heading(text: str, title: str) -> str:
+    """`text` less a leading run of the title's words (any case, any punctuation or markup
+    before and between them) that ends its line or sentence; `text` as it is otherwise."""
+    words = re.findall(r"\w+", title.lower())
+    found = list(itertools.islice(re.finditer(r"\w+", text), len(words)))
+    if not words or [m.group().lower() for m in found] != words:
+        return text
+    rest = text[found[-1].end():]
+    boundary = re.match(r"[ \t\r]*(?:[.!?]+|\n|$)", rest)
+    return rest[boundary.end():].strip() if boundary else text
 
 
 def pick_title(document: Document, rng: random.Random | None = None) -> tuple[str, str] | None:
@@ -121,22 +140,26 @@ def pick_title(document: Document, rng: random.Random | None = None) -> tuple[st
     return title, body
 
 
-def untitled(corpus: BeirDataset) -> BeirDataset:
-    """`corpus` with every document read without its title (split_title): what title
-    pseudo-queries train on, positives and negatives alike."""
+def untitled(corpus: BeirDataset, keep: set[str] | None = None) -> BeirDataset:
+    """`corpus` with every document (of the ids in `keep`, when given: the others are left
+    out) read without its title (split_title): what title pseudo-queries train on, positives
+    and negatives alike."""
     documents = []
     for document in corpus.corpus:
+        if keep is not None and document.doc_id not in keep:
+            continue
         body = split_title(document)[1]
         documents.append(replace(document, title="", text=body if body.strip() else document.text))
     return replace(corpus, corpus=tuple(documents))
 
 
 def synthetic_dataset(
-    corpus: BeirDataset, max_queries: int, seed: int, source: PseudoQueries = PseudoQueries.AUTO
+    corpus: BeirDataset, max_queries: int, seed: int, source: PseudoQueries = PseudoQueries.SENTENCE
 ) -> tuple[BeirDataset, dict[str, str]]:
     """Pseudo-queries for up to `max_queries` documents of `corpus` (a seeded sample), as a
     dataset judged by source document, and each pseudo-query's positive passage (for a
-    sentence, the title and the text without the sentence; for a title, the text without it)."""
+    sentence, the title and the text without the sentence; for a title, the text without it,
+    and then the negatives must be read without theirs too: `untitled`)."""
     if max_queries < 1:
         raise ValueError(f"max_queries must be >= 1, got {max_queries}")
     source = PseudoQueries.from_str(source).resolve(corpus)

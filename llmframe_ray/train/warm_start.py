@@ -5,10 +5,10 @@ the export keeps some parameters under their own names, stores others transposed
 its own (`onnx::MatMul_1011`) and turns each layer's gates into constants. Which parameter became
 which initialiser is found by exporting the same module once with every parameter set to
 distinct random values and matching those values (as they are, transposed, or as one row of
-the gates); the folder's initialisers of the same names then go back into those parameters.
-Parameters that the graph does not use (MiniLM's pooler) keep their values. The export's names
-depend on the module and the torch version, so a file that does not map back exactly is refused,
-and so is one whose loaded module does not score like ONNX Runtime on the same file.
+the gates); the folder's initialiser at the same input of the same node of its graph then goes
+back into that parameter. Parameters that the graph does not use (MiniLM's pooler) keep their
+values. A file whose graph is not this module's is refused, and so is one whose loaded module
+does not score like ONNX Runtime on the same file.
 """
 
 from __future__ import annotations
@@ -48,9 +48,6 @@ def load_weights(model, folder: Path, tokenizer) -> list[str]:
     import torch
     from onnx import numpy_helper
 
-    def initialisers(path: Path) -> dict[str, np.ndarray]:
-        return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
-
     original = {name: p.detach().clone() for name, p in model.named_parameters()}
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -58,17 +55,16 @@ def load_weights(model, folder: Path, tokenizer) -> list[str]:
             p.copy_(torch.randn(p.shape, generator=generator))
     with tempfile.TemporaryDirectory() as tmp:
         export_graph(model, Path(tmp) / "probe.onnx", "logits")
-        probe = initialisers(Path(tmp) / "probe.onnx")
+        probe_graph = onnx.load(str(Path(tmp) / "probe.onnx")).graph
     marked = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
-    trained = initialisers(Path(folder) / ONNX_FILES["fp32"])
-    if set(trained) != set(probe):
-        raise ModelError(
-            f"{folder}/{ONNX_FILES['fp32']} was not exported from this model (its weights are named "
-            f"differently: {len(set(trained) ^ set(probe))} names differ); retrain it, or train without --init"
-        )
+    trained_graph = onnx.load(str(Path(folder) / ONNX_FILES["fp32"])).graph
+    probe = {t.name: numpy_helper.to_array(t) for t in probe_graph.initializer}
+    trained = {t.name: numpy_helper.to_array(t) for t in trained_graph.initializer}
     target = {name: np.full(value.shape, np.nan, dtype=np.float32) for name, value in marked.items()}
-    for name, value in probe.items():
-        _place(name, value, trained[name], marked, target)
+    for name, own in _same_inputs(probe_graph, trained_graph, set(probe), set(trained), folder).items():
+        if trained[own].shape != probe[name].shape:
+            raise ModelError(f"{folder}: its weight {own} is {trained[own].shape}, where this model has {probe[name].shape}")
+        _place(name, probe[name], trained[own], marked, target)
     partly = [name for name, value in target.items() if np.isnan(value).any() and not np.isnan(value).all()]
     if partly:
         raise ModelError(f"{folder}: the ONNX file gives only part of {', '.join(partly)}")
@@ -78,6 +74,35 @@ def load_weights(model, folder: Path, tokenizer) -> list[str]:
             p.copy_(original[name] if name in unused else torch.from_numpy(target[name]))
     _check_parity(model, folder, tokenizer)
     return unused
+
+
+def _same_inputs(probe, trained, probe_names: set, trained_names: set, folder: Path) -> dict[str, str]:
+    """Which initialiser of the trained graph each of the probe's is: the two graphs have the
+    same nodes in the same order, so the names at the same input of the same node pair up (the
+    export may have merged equal initialisers of the trained model into one, e.g. gates that
+    training left equal, which it then reads through Identity nodes; and names need not match)."""
+
+    def aliases(graph, names: set) -> tuple[list, dict[str, str]]:
+        merged = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in names}
+        return [n for n in graph.node if n.output[0] not in merged], merged
+
+    ours_nodes, _ = aliases(probe, probe_names)
+    their_nodes, merged = aliases(trained, trained_names)
+    if [n.op_type for n in ours_nodes] != [n.op_type for n in their_nodes]:
+        raise ModelError(
+            f"{folder}/{ONNX_FILES['fp32']} was not exported from this model (its graph has {len(their_nodes)} "
+            f"nodes of other kinds or order, this model's {len(ours_nodes)}); retrain it, or train without --init"
+        )
+    pairs: dict[str, str] = {}
+    for ours, theirs in zip(ours_nodes, their_nodes):
+        for name, own in zip(ours.input, theirs.input):
+            own = merged.get(own, own)
+            if name in probe_names and (own not in trained_names or pairs.setdefault(name, own) != own):
+                raise ModelError(f"{folder}: the weight {name} of this model has no single counterpart in its file")
+    missing = probe_names - set(pairs)
+    if missing:
+        raise ModelError(f"{folder}: {len(missing)} weights of this model are not read by any node")
+    return pairs
 
 
 def _place(name: str, probe: np.ndarray, value: np.ndarray, marked: dict, target: dict) -> None:

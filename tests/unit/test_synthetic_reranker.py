@@ -4,6 +4,7 @@ taken out of its positive), no judgments read."""
 
 import json
 import random
+import re
 import shutil
 from dataclasses import replace
 
@@ -71,6 +72,25 @@ def test_a_title_pseudo_query_reads_its_document_without_its_title():
     assert pick_title(Document("thin", "Too little is left of this one.", title="A title of five words")) is None
 
 
+def test_a_heading_that_repeats_the_title_is_taken_out_of_markdown_and_html(tmp_path):
+    """A Markdown or HTML heading has no full stop: the title is taken out as a first line
+    too, but not when the text merely begins with the title's words mid-sentence."""
+    from llmframe_ray.ingest.readers import read_document
+    from llmframe_ray.train.synthetic import split_title
+
+    heading = "Configuring the ingest pipeline"
+    (tmp_path / "guide.md").write_text(f"# {heading}\n\n{BODY}\n")
+    (tmp_path / "guide.html").write_text(f"<html><head><title>{heading}</title></head><body><h1>{heading}</h1><p>{BODY}</p></body></html>")
+    for name in ("guide.md", "guide.html"):
+        document = read_document(tmp_path / name)
+        assert document.title == heading and document.text.lstrip("# ").startswith(heading)
+        assert pick_title(document) == (heading, BODY)
+    spoken = Document("h", "Meet Corliss Archer, a program from radio's Golden Age. " + BODY, title="Meet Corliss Archer")
+    assert split_title(spoken) == ("Meet Corliss Archer", spoken.text)
+    crlf = Document("c", "LIFT OF A WING IN A PROPELLER SLIPSTREAM\r\n" + BODY, title=TITLED["wing"][0])
+    assert split_title(crlf) == (TITLED["wing"][0], BODY)
+
+
 def test_auto_takes_titles_where_most_documents_have_them(corpus_dir):
     titled = replace(load_corpus(corpus_dir), corpus=tuple(Document(k, x, title=t) for k, (t, x) in TITLED.items()))
     assert PseudoQueries.AUTO.resolve(titled) is PseudoQueries.TITLE  # 3 of 4
@@ -78,7 +98,7 @@ def test_auto_takes_titles_where_most_documents_have_them(corpus_dir):
     half = replace(titled, corpus=titled.corpus[2:])  # 1 of 2: half is enough
     assert PseudoQueries.AUTO.resolve(half) is PseudoQueries.TITLE
     assert PseudoQueries.SENTENCE.resolve(titled) is PseudoQueries.SENTENCE
-    dataset, positives = synthetic_dataset(titled, 10, seed=1)
+    dataset, positives = synthetic_dataset(titled, 10, seed=1, source=PseudoQueries.AUTO)
     assert sorted(dataset.queries.values()) == sorted(t for k, (t, _) in TITLED.items() if k != "short")
     assert all(positives[q] == pick_title(Document(k, TITLED[k][1], title=TITLED[k][0]))[1]
                for q in dataset.queries for k in dataset.qrels[q])
@@ -104,15 +124,20 @@ def test_title_pseudo_queries_train_on_passages_without_titles(corpus_dir, model
     card = train_reranker(
         root, "train", tmp_path_factory.mktemp("models") / "titled", config, lines.append, embedder=params.embedder,
         index=params.index, indexes_dir=params.indexes_dir, retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k,
-        synthetic_queries=5,
+        synthetic_queries=5, pseudo_queries=PseudoQueries.AUTO,
     )
     assert "3 pseudo-queries (titles) from titled0's documents (no judgments read)" in lines
     assert card["data"]["pseudo_queries"].startswith("the title (3+ words; with no title field, a first sentence of 3-40 words) of each of 3 documents")
     assert sorted(g.query for g in seen) == sorted(t for k, (t, _) in TITLED.items() if k != "short")
     untitled = {pick_title(Document(k, x, title=t))[1] if k != "short" else x for k, (t, x) in TITLED.items()}
+    def words(text):
+        return " ".join(re.findall(r"\w+", text.lower()))
+
     for group in seen:
         assert group.positive in untitled and all(n in untitled for n in group.negatives)
-        assert group.query not in group.positive and group.positive not in group.negatives
+        assert group.positive not in group.negatives
+        for passage in (group.positive, *group.negatives):  # no passage begins with a title, in any case
+            assert not any(words(passage).startswith(words(t)) for t, _ in TITLED.values())
 
 
 def test_synthetic_dataset_is_seeded_and_judged_by_source(corpus_dir):
@@ -250,10 +275,10 @@ def test_the_command_passes_the_pseudo_query_source_and_the_model_to_start_from(
     monkeypatch.setattr(run, "train_reranker", lambda *a, **k: calls.append(k) or {"steps": 0, "data": {"groups": 0}})
     args = ["train-reranker", "--dataset", str(tmp_path), "--out", str(tmp_path / "m"), "--synthetic"]
     assert CliRunner().invoke(cli.app, args).exit_code == 0
-    assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.AUTO, None)
-    given = CliRunner().invoke(cli.app, [*args, "--pseudo-queries", "Sentence", "--init", str(tmp_path / "start")])
+    assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.SENTENCE, None)  # as before titles
+    given = CliRunner().invoke(cli.app, [*args, "--pseudo-queries", "Title", "--init", str(tmp_path / "start")])
     assert given.exit_code == 0, given.output
-    assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.SENTENCE, tmp_path / "start")
+    assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.TITLE, tmp_path / "start")
     refused = CliRunner().invoke(cli.app, [*args, "--pseudo-queries", "headings"])
     assert refused.exit_code == 2 and len(calls) == 2
     assert "error: --pseudo-queries: unknown pseudo-query source 'headings'; valid pseudo-query sources: auto, title, sentence" in refused.output

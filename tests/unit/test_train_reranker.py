@@ -14,6 +14,7 @@ from llmframe_ray.train.reranker import TrainConfig, build_groups, split_queries
 from llmframe_ray.train.run import train_reranker
 from tests.unit.tiny_beir import CONFIG, QUESTIONS, TOPICS, tiny_settings, train_params, train_tiny, write_tiny_beir
 
+
 @pytest.fixture(scope="module")
 def dataset_dir(tmp_path_factory):
     return write_tiny_beir(tmp_path_factory.mktemp("collection"))

@@ -78,6 +78,10 @@ def test_a_training_started_from_a_reranker_continues_it_and_says_so(trained, da
     scratch = train_reranker(dataset_dir, "train", tmp_path / "scratch", replace(CONFIG, max_steps=0), lambda line: None,
                              **train_params(settings))
     assert "init" not in scratch and np.abs(fp32(tmp_path / "scratch") - fp32(folder)).max() > 1e-3
+    # untrained, its gates are all equal and the export merged them into one weight: still read back
+    model, tokenizer = fresh()
+    load_weights(model, tmp_path / "scratch", tokenizer)
+    np.testing.assert_allclose(torch_scores(model, tokenizer, PAIRS), fp32(tmp_path / "scratch"), atol=1e-4)
 
     moved = dict(card, data={"dataset": "elsewhere", "split": "train"})
     check_reranker_data(moved, load_beir(dataset_dir, "test"))
@@ -101,5 +105,5 @@ def test_init_refuses_what_it_cannot_start_from(trained, dataset_dir, settings, 
                    **train_params(settings))
     (small / "reranker.json").write_text(json.dumps({**read_card(small), "layers": [0, 1, 2, 3, 4, 5]}))
     model, tokenizer = fresh()
-    with pytest.raises(ModelError, match=r"small/model.onnx was not exported from this model \(its weights are named differently"):
+    with pytest.raises(ModelError, match=r"small/model.onnx was not exported from this model \(its graph has \d+ nodes of other kinds or order, this model.s \d+\)"):
         load_weights(model, small, tokenizer)
