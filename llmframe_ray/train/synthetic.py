@@ -9,7 +9,7 @@ the default; `title`; or `auto`, titles where most documents have one):
       field lends its first sentence of 3-40 words, as MEDLINE abstracts carry theirs)
       -> the title is the pseudo-query
       -> every training passage, the positive and the negatives alike, is read without its
-         title (and without a first sentence that repeats it): with the title left in, the
+         title (and without a first sentence or line that repeats it): with the title left in, the
          pair would teach copying, and with it left in the negatives only, "no title" would
          mark the positive
     sentence
