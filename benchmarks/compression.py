@@ -230,8 +230,9 @@ def main() -> None:
             if not claims:
                 raise SystemExit("--held-out: the reranker held out no claims_train claims (trained with --held-out 0)")
             variant += "-heldout"
-        if args.rerank:  # the reranked top 5 depend on the depth reranked
-            variant += f"-reranked-d{params.rerank.depth}"
+        if args.rerank:  # the reranked top 5 depend on the depth reranked, the fusion and a weight set
+            weight = "" if params.rerank.weight is None else f"-w{params.rerank.weight:g}"
+            variant += f"-reranked-d{params.rerank.depth}-{params.rerank.fusion.value}{weight}"
     sentence_model = None
     if args.sentence_model:
         if args.scorer != "cross-encoder":

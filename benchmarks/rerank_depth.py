@@ -7,10 +7,11 @@ chooses LLMFRAME_RERANKER_DEPTH, and the pairs/s each variant gets on the same p
 The queries are the tenth of the split that `train-reranker` holds out (same seed and share as
 the first model's card), so no model trained with that card's settings has seen them. Each
 query's hybrid top max(depths) documents are scored once per variant; depth d reorders the
-first d of them (RRF with the hybrid order, as served, and the cross-encoder alone) and keeps
-the rest in hybrid order. Scores of a pair do not depend on the other pairs of its batch
+first d of them (scores fused with the hybrid order's, as served by default; RRF of the two
+orders; the cross-encoder alone) and keeps the rest in hybrid order. Scores of a pair do not depend on the other pairs of its batch
 beyond float rounding, so one pass serves every depth. Prints nDCG@10 per depth and pairs/s,
-and per variant the depth the one-standard-error rule picks for the fused order: the least
+and per variant the depth the one-standard-error rule picks for the configured order
+(LLMFRAME_RERANKER_FUSION): the least
 depth whose mean nDCG@10 is within one standard error (of a query's paired difference) of the
 best depth's (`eval/trec.py: within_one_error`, the rule that chose the graph weight).
 """
@@ -80,7 +81,9 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {settings.threads} ONNX Runtime threads; "
           f"{len(held)} held-out {dataset.name} {args.split} queries (seed {config.get('seed', 13)}), hybrid nDCG@10 "
           f"{ndcg10(hybrid, qrels):.4f}; RRF k {rrf_k}")
-    print(f"{'model':<28} {'prec':<5} {'len':>4} {'pairs/s':>8} " + " ".join(f"{'d' + str(d) + ' rrf/ce':>14}" for d in depths))
+    kinds = (RerankFusion.SCORE, RerankFusion.RRF, RerankFusion.NONE)
+    label = "/".join("ce" if kind is RerankFusion.NONE else kind.value for kind in kinds)
+    print(f"{'model':<28} {'prec':<5} {'len':>4} {'pairs/s':>8} " + " ".join(f"{'d' + str(d) + ' ' + label:>22}" for d in depths))
     deepest = max(depths)
     rules = []
     for model in args.model:
@@ -95,14 +98,14 @@ def main() -> None:
                     steps = RerankParams(depth=depth, rrf_k=rrf_k)
                     figures = [
                         per_query_ndcg10({q: steps.apply(dataset.queries[q], hits, scores[q][:depth], fusion) for q, hits in hybrid.items()}, qrels)
-                        for fusion in (RerankFusion.RRF, RerankFusion.NONE)
+                        for fusion in kinds
                     ]
-                    fused[(depth,)] = figures[0]
-                    cells.append(f"{figures[0].mean():.4f}/{figures[1].mean():.4f}")
-                print(f"{Path(model).name:<28} {precision:<5} {encoder.max_length:>4} {rate:>8.1f} " + " ".join(f"{c:>14}" for c in cells))
+                    fused[(depth,)] = figures[kinds.index(params.rerank.fusion)]
+                    cells.append("/".join(f"{f.mean():.4f}" for f in figures))
+                print(f"{Path(model).name:<28} {precision:<5} {encoder.max_length:>4} {rate:>8.1f} " + " ".join(f"{c:>22}" for c in cells))
                 best, error, near = within_one_error(fused)
                 rules.append((Path(model).name, precision, encoder.max_length, best[0], float(fused[best].mean()), error, near))
-    print("one-standard-error rule, fused order (the least depth within one standard error of the best):")
+    print(f"one-standard-error rule, the configured order ({params.rerank.fusion.value}; the least depth within one standard error of the best):")
     for name, precision, length, best, mean, error, near in rules:
         print(f"  {name} {precision} {length}: best depth {best} ({mean:.4f}), largest standard error {error:.4f}, "
               f"within one: {', '.join(str(k[0]) for k in sorted(near))}; the rule's depth: {min(near)[0]}")

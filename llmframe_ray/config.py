@@ -127,10 +127,10 @@ class Settings(PipelineSettings):
     reranker_window: bool = Field(False, validation_alias=_env("RERANKER_WINDOW"))
     # Reranker down or too slow: first-stage order with a warning (true) or a 503 (false)
     reranker_fail_open: bool = Field(True, validation_alias=_env("RERANKER_FAIL_OPEN"))
-    reranker_fusion: RerankFusion = Field(RerankFusion.RRF, validation_alias=_env("RERANKER_FUSION"))
-    # RRF k of the cross-encoder's order with the first stage's; chosen on SciFact train (README)
+    # score (the scores on [0, 1] added), rrf (k: RERANKER_RRF_K) or none (retrieve/rerank.py)
+    reranker_fusion: RerankFusion = Field(RerankFusion.SCORE, validation_alias=_env("RERANKER_FUSION"))
     reranker_rrf_k: int = Field(20, ge=0, validation_alias=_env("RERANKER_RRF_K"))
-    # the cross-encoder's weight in that RRF; unset: by its distance from its training corpus
+    # the cross-encoder's weight in that fusion; unset: by its distance from its training corpus
     reranker_weight: float | None = Field(None, ge=0, le=100, validation_alias=_env("RERANKER_WEIGHT"))
 
     # Ingestion job (Ray Data)

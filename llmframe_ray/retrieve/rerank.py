@@ -1,15 +1,20 @@
 """Rerank the head of a ranked hit list with a cross-encoder ("fuse, then rerank").
 
-The first `depth` hits are rescored by the cross-encoder. With `fusion_k` None they are sorted
-by that score (ties keep their incoming order). With `fusion_k` set (the default:
-LLMFRAME_RERANKER_FUSION=rrf, k = LLMFRAME_RERANKER_RRF_K) the cross-encoder's order and the
-incoming (hybrid) order of the head are fused with Reciprocal Rank Fusion (weights below), and
-the hit's score is the fused score: the cross-encoder then corrects the first stage instead of
-replacing it (on held-out SciFact train queries: see README "Reranking"). Hits below the depth
-keep their incoming order after the reranked ones. Each reranked hit records the
-cross-encoder's own position under `ranks["rerank"]`.
+The first `depth` hits are rescored by the cross-encoder, then ordered by one of
+(LLMFRAME_RERANKER_FUSION):
+- `score` (the default): each hit's first-stage score and its cross-encoder score, each mapped
+  linearly onto [0, 1] over the head (its best 1, its worst 0), added with the weights below.
+  The cross-encoder then corrects the first stage by as much as it is sure: a wide margin moves
+  a hit, near-equal scores leave the first stage's order (README "Reranking": chosen over RRF on
+  held-out SciFact train claims);
+- `rrf`: Reciprocal Rank Fusion of the two orders (k = LLMFRAME_RERANKER_RRF_K), which keeps
+  ranks only;
+- `none`: the cross-encoder's order alone (ties keep their incoming order).
+The hit's score is the fused score. Hits below the depth keep their incoming order after the
+reranked ones. Each reranked hit records the cross-encoder's own position under
+`ranks["rerank"]`.
 
-The cross-encoder's list has a weight in that fusion (the first stage's is 1). Set
+The cross-encoder has a weight in that fusion (the first stage's is 1). Set
 (LLMFRAME_RERANKER_WEIGHT), it is that number. Unset, it follows the reranker's distance from
 home (domain_weight): the cosine of the centroid of the corpus it was trained on (model card)
 and the served index's centroid (index/domain.py), kept between DOMAIN_FLOOR and 1. On its own
@@ -23,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Sequence
+
+import numpy as np
 
 from llmframe_ray.models.cross_encoder import CrossEncoder, rerank_order
 from llmframe_ray.retrieve.fusion import reciprocal_rank_fusion
@@ -40,9 +47,10 @@ def domain_weight(similarity: float | None) -> float:
 
 
 class RerankFusion(Choice):
-    """How the reranked head is ordered: RRF of the cross-encoder's and the first stage's
-    orders, or the cross-encoder's order alone."""
+    """How the reranked head is ordered: the cross-encoder's and the first stage's scores
+    combined, RRF of their orders, or the cross-encoder's order alone."""
 
+    SCORE = "score"
     RRF = "rrf"
     NONE = "none"
 
@@ -55,7 +63,7 @@ class RerankParams:
 
     enabled: bool = False
     depth: int = 25  # README "Reranking": the one-standard-error rule on held-out train queries (LLMFRAME_RERANKER_DEPTH)
-    fusion: RerankFusion = RerankFusion.RRF
+    fusion: RerankFusion = RerankFusion.SCORE
     rrf_k: int = 20
     weight: float | None = None  # the cross-encoder's RRF weight; None: by domain (domain_weight)
 
@@ -86,8 +94,7 @@ class RerankParams:
         cross-encoder's order counted with `weight` in the fusion (`weight_for` gives it);
         `fusion` overrides the configured one."""
         fusion = self.fusion if fusion is None else fusion
-        k = self.rrf_k if fusion is RerankFusion.RRF else None
-        return rerank_hits(query, hits, None, self.depth, k, scores=scores, weight=weight)
+        return rerank_hits(query, hits, None, self.depth, fusion, self.rrf_k, scores=scores, weight=weight)
 
 
 def rerank_hits(
@@ -95,14 +102,15 @@ def rerank_hits(
     hits: Sequence[Hit],
     encoder: CrossEncoder | None,
     depth: int,
-    fusion_k: int | None = None,
+    fusion: RerankFusion = RerankFusion.NONE,
+    rrf_k: int = 20,
     *,
     scores: Sequence[float] | None = None,
     weight: float = 1.0,
 ) -> list[Hit]:
     """Rerank the head; `scores` (the cross-encoder's scores of the head, in order) skips the
-    model call, so one scoring pass can give both the fused and the plain order. `weight`: the
-    cross-encoder's order's RRF weight (the first stage's is 1)."""
+    model call, so one scoring pass can give every fused order. `weight`: the cross-encoder's
+    weight in the fusion (the first stage's is 1); `rrf_k`: RRF's k."""
     if depth < 1:
         raise ValueError(f"rerank depth must be >= 1, got {depth}")
     head, tail = list(hits[:depth]), list(hits[depth:])
@@ -116,15 +124,17 @@ def rerank_hits(
         raise ValueError(f"got {len(scores)} scores for {len(head)} reranked hits")
     order = rerank_order(scores)
     own_rank = {i: pos for pos, i in enumerate(order, 1)}
-    if fusion_k is None:
+    if fusion is RerankFusion.NONE:
         final = [(i, float(scores[i])) for i in order]
+    elif fusion is RerankFusion.SCORE:
+        final = score_fusion([h.score for h in head], scores, weight)
     else:
         lists = [
             RankedList(RERANK, tuple(f"{i:06d}" for i in order), tuple(float(scores[i]) for i in order)),
             RankedList(FIRST_STAGE, tuple(f"{i:06d}" for i in range(len(head))), tuple(h.score for h in head)),
         ]
         # exact ties fall to the better single rank, then the key: the incoming position
-        fused = reciprocal_rank_fusion(lists, k=fusion_k, weights=(weight, 1.0))
+        fused = reciprocal_rank_fusion(lists, k=rrf_k, weights=(weight, 1.0))
         final = [(int(item.key), item.score) for item in fused]
     reranked = [
         replace(head[i], score=score, rank=pos, ranks={**head[i].ranks, RERANK: own_rank[i]})
@@ -132,3 +142,22 @@ def rerank_hits(
     ]
     rest = [replace(h, rank=len(reranked) + pos) for pos, h in enumerate(tail, 1)]
     return reranked + rest
+
+
+def unit_range(values: Sequence[float], what: str) -> np.ndarray:
+    """`values` mapped linearly onto [0, 1], the largest to 1 and the smallest to 0; all equal
+    (one value included): all 0, so they order nothing. A value that is not a finite number is
+    refused, naming `what` gave it."""
+    array = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(array).all():
+        raise ValueError(f"{what} gave a score that is not a finite number: {array[~np.isfinite(array)][0]}")
+    low, span = (array.min(), array.max() - array.min()) if array.size else (0.0, 0.0)
+    return (array - low) / span if span > 0 else np.zeros_like(array)
+
+
+def score_fusion(first: Sequence[float], cross: Sequence[float], weight: float) -> list[tuple[int, float]]:
+    """(position, fused score) of the head, best first: each list's scores on [0, 1] over the
+    head (`unit_range`), the first stage's counted once and the cross-encoder's `weight` times.
+    Equal fused scores keep the incoming order."""
+    fused = unit_range(first, "the first stage") + weight * unit_range(cross, "the cross-encoder")
+    return [(int(i), float(fused[i])) for i in np.argsort(-fused, kind="stable")]

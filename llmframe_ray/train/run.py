@@ -47,7 +47,8 @@ def validate(
     pipeline: Pipeline, dataset: BeirDataset, model_dir: Path, rrf_k: int, threads: int, work: Path
 ) -> dict[str, dict[str, float]]:
     """nDCG@10 on held-out queries: hybrid, and hybrid top-30 reranked by fp32 and int8, both
-    by the cross-encoder alone and fused with the hybrid order (RRF, k = `rrf_k`)."""
+    by the cross-encoder alone and fused with the hybrid order (RRF, k = `rrf_k`; and scores,
+    weight 1: retrieve/rerank.py)."""
     steps = RerankParams(depth=VALIDATION_DEPTH, rrf_k=rrf_k)
     hybrid = {
         qid: pipeline.search(text, SearchMode.HYBRID, top_k=100, truncate=True, rerank=False)
@@ -67,11 +68,12 @@ def validate(
             **_score(work / f"rerank-{precision.value}.trec", reranked, dataset),
             "pairs_per_s": round(sum(min(len(h), VALIDATION_DEPTH) for h in hybrid.values()) / seconds, 1),
         }
-        fused = {
-            qid: steps.apply(dataset.queries[qid], hits, scores[qid], RerankFusion.RRF)
-            for qid, hits in hybrid.items()
-        }
-        figures[f"rerank-{precision.value}-rrf"] = _score(work / f"rerank-{precision.value}-rrf.trec", fused, dataset)
+        for fusion in (RerankFusion.RRF, RerankFusion.SCORE):
+            fused = {
+                qid: steps.apply(dataset.queries[qid], hits, scores[qid], fusion) for qid, hits in hybrid.items()
+            }
+            name = f"rerank-{precision.value}-{fusion.value}"
+            figures[name] = _score(work / f"{name}.trec", fused, dataset)
     return figures
 
 

@@ -133,7 +133,7 @@ def test_hybrid_and_reranker_rrf_k_are_separate_settings(monkeypatch):
     assert params.retrieval.fusion.rrf_k == 60
     assert params.rerank.rrf_k == 5 and params.service.rerank.rrf_k == 5
     monkeypatch.setenv("LLMFRAME_RERANKER_FUSION", "nearest")
-    with pytest.raises(ConfigError, match="LLMFRAME_RERANKER_FUSION: Input should be 'rrf' or 'none'"):
+    with pytest.raises(ConfigError, match="LLMFRAME_RERANKER_FUSION: Input should be 'score', 'rrf' or 'none'"):
         load_settings()
 
 

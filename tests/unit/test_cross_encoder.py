@@ -13,7 +13,7 @@ from llmframe_ray.errors import ModelError
 from llmframe_ray.models.cross_encoder import CrossEncoder, ScoreCache, rerank_order
 from llmframe_ray.models.export import bundled_minilm_path, export_graph, quantize_int8
 from llmframe_ray.models.sources import hub_target, load_reranker, resolve_model
-from llmframe_ray.retrieve.rerank import rerank_hits
+from llmframe_ray.retrieve.rerank import RerankFusion, rerank_hits, score_fusion, unit_range
 from llmframe_ray.train.warm_start import torch_scores
 from llmframe_ray.types import Hit
 
@@ -218,6 +218,34 @@ def test_rerank_head_then_tail_in_incoming_order():
     assert [dict(h.ranks) for h in out[:3]] == [{"bm25": 2, "rerank": 1}, {"bm25": 3, "rerank": 2}, {"bm25": 1, "rerank": 3}]
     assert out[3].score == hits[3].score and "rerank" not in out[3].ranks
     assert rerank_order([1.0, 3.0, 3.0, -1.0]) == [1, 2, 0, 3]
+
+
+def test_score_fusion_puts_both_lists_on_one_scale():
+    # first stage 1/rank; cross-encoder logits: d is far ahead, a and b nearly tied
+    hits = [hit(d, i) for i, d in enumerate(["a", "b", "c", "d", "e"], 1)]
+    encoder = ScriptedEncoder({"a": 1.0, "b": 1.2, "c": -3.0, "d": 9.0, "e": 50.0})
+    out = rerank_hits("q", hits, encoder, depth=4, fusion=RerankFusion.SCORE, weight=0.5)
+    # first on [0, 1]: a 1, b (0.5 - 0.25) / 0.75 = 1/3, c 1/9, d 0; cross-encoder: (x + 3) / 12
+    expected = {"a": 1 + 0.5 * 4 / 12, "b": 1 / 3 + 0.5 * 4.2 / 12, "c": 1 / 9, "d": 0.5}
+    assert [h.doc_id for h in out] == ["a", "b", "d", "c", "e"]
+    assert [h.score for h in out[:4]] == pytest.approx([expected[d] for d in "abdc"])
+    assert [h.ranks["rerank"] for h in out[:4]] == [3, 2, 1, 4]
+    assert out[4].score == hits[4].score and out[4].rank == 5
+    # weight 1: d's lead in the cross-encoder's scores now outweighs b's place in the first stage
+    out = rerank_hits("q", hits, encoder, depth=4, fusion=RerankFusion.SCORE, weight=1.0)
+    assert [h.doc_id for h in out] == ["a", "d", "b", "c", "e"]
+
+
+def test_score_fusion_edges():
+    assert score_fusion([0.3], [7.0], 1.0) == [(0, 0.0)]  # one hit: nothing to order
+    # equal cross-encoder scores order nothing: the first stage's order stays, ties in incoming order
+    assert [i for i, _ in score_fusion([0.2, 0.2, 0.9], [4.0, 4.0, 4.0], 1.0)] == [2, 0, 1]
+    np.testing.assert_array_equal(unit_range([2.0, 4.0, 3.0], "x"), [0.0, 1.0, 0.5])
+    assert unit_range([], "x").shape == (0,)
+    with pytest.raises(ValueError, match="^the cross-encoder gave a score that is not a finite number: nan$"):
+        score_fusion([0.2, 0.1], [1.0, float("nan")], 1.0)
+    with pytest.raises(ValueError, match="^the first stage gave a score that is not a finite number: inf$"):
+        score_fusion([float("inf"), 0.1], [1.0, 2.0], 1.0)
 
 
 class _FakeHub(BaseHTTPRequestHandler):

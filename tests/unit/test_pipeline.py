@@ -255,7 +255,9 @@ def test_rerank_fused_with_the_first_stage_order(index_dir, embedder, case, expe
     weighted as set, or by the cosine of its card's training-corpus centroid and the index's
     (floor 0.5; no centroid, or one from another embedding model: 0.5)."""
     weight = {"set 1": 1.0, "set 0.3": 0.3}.get(case)
-    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, rrf_k=20, reranker_weight=weight)
+    settings = load_settings(
+        chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, rrf_k=20, reranker_weight=weight, reranker_fusion="rrf"
+    )
     assert settings.params().rerank.rrf_k == 20
     loaded = IndexDirectory(index_dir).load().shards
     home, model = centroid(loaded), loaded[0].manifest.model
@@ -278,8 +280,31 @@ def test_rerank_fused_with_the_first_stage_order(index_dir, embedder, case, expe
     assert [h.ranks["rerank"] for h in reranked[:4]] == [own[i] for i in expected]
 
 
-def test_weight_zero_keeps_the_first_stage_order(index_dir, embedder):
-    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4)
+@pytest.mark.parametrize("weight", [0.5, 1.0, 3.0])
+def test_rerank_by_scores_on_a_common_scale(index_dir, embedder, weight):
+    """The default fusion: the head's hybrid scores and the cross-encoder's, each mapped onto
+    [0, 1] over the head, added with the cross-encoder's weight."""
+    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, reranker_weight=weight)
+    assert settings.params().rerank.fusion.value == "score"
+    pipeline = Pipeline.open(index_dir, embedder, settings.params().retrieval, reranker=LengthScorer(), rerank=settings.params().rerank)
+    query = "moon and ocean tides"
+    hybrid = pipeline.search(query, SearchMode.HYBRID, top_k=6)
+    reranked = pipeline.search(query, SearchMode.HYBRID, top_k=6, rerank=True)
+    first = [h.score for h in hybrid[:4]]
+    lengths = [len(h.passage) for h in hybrid[:4]]
+    assert len(set(first)) > 1 and len(set(lengths)) > 1  # both lists order something here
+    on_scale = lambda xs, i: (xs[i] - min(xs)) / (max(xs) - min(xs))  # noqa: E731
+    fused = {i: on_scale(first, i) + weight * on_scale(lengths, i) for i in range(4)}
+    expected = sorted(range(4), key=lambda i: (-fused[i], i))
+    assert [h.chunk_id for h in reranked] == [hybrid[i].chunk_id for i in expected] + [h.chunk_id for h in hybrid[4:]]
+    assert [h.score for h in reranked[:4]] == pytest.approx([fused[i] for i in expected])
+    by_length = sorted(range(4), key=lambda i: (-lengths[i], i))
+    assert [h.ranks["rerank"] for h in reranked[:4]] == [by_length.index(i) + 1 for i in expected]
+
+
+@pytest.mark.parametrize("fusion", ["score", "rrf"])
+def test_weight_zero_keeps_the_first_stage_order(index_dir, embedder, fusion):
+    settings = load_settings(chunk_size=64, chunk_overlap=8, fusion_depth=3, reranker_depth=4, reranker_fusion=fusion)
     query = "moon and ocean tides"
     orders = {}
     for weight in (0.0, 1.0):

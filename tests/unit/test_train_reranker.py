@@ -46,6 +46,7 @@ def test_model_folder_and_card(trained, dataset_dir):
     assert np.linalg.norm(card["domain"]["centroid"]) == pytest.approx(1.0, abs=1e-4)
     assert set(card["validation"]) == {
         "queries", "depth", "hybrid", "rerank-fp32", "rerank-int8", "rerank-fp32-rrf", "rerank-int8-rrf",
+        "rerank-fp32-score", "rerank-int8-score",
     }
     assert not any(p.name.startswith(".") for p in out.parent.iterdir())
 
@@ -151,7 +152,7 @@ def test_eval_rerank_mode_writes_runs(trained, dataset_dir, settings, tmp_path):
     # int8: the default precision (auto) takes the trained folder's quantised file; at home:
     # the eval's index is the training corpus's, so its centroid is the card's
     assert result.stdout.splitlines()[-1] == (
-        f"reranker: {out} (int8, depth 3, max length 48, fusion weight 1.000; domain similarity 1.000)"
+        f"reranker: {out} (int8, depth 3, max length 48, score fusion, weight 1.000; domain similarity 1.000)"
     )
     # a reranker trained on these judgments is refused
     refused = subprocess.run(args[:-2] + ["--split", "train"], env=env, capture_output=True, text=True, timeout=300)
