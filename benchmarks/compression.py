@@ -38,6 +38,7 @@ from llmframe_ray.ingest.build import stderr_progress  # noqa: E402
 from llmframe_ray.models.embedder import load_embedder  # noqa: E402
 from llmframe_ray.retrieve import compress, evidence  # noqa: E402
 from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
+from llmframe_ray.retrieve.rerank import RerankFusion  # noqa: E402
 
 TOP = 5
 BUDGETS = (150, 250, 350, 450, 550, 700, 900)
@@ -232,7 +233,8 @@ def main() -> None:
             variant += "-heldout"
         if args.rerank:  # the reranked top 5 depend on the depth reranked, the fusion and a weight set
             weight = "" if params.rerank.weight is None else f"-w{params.rerank.weight:g}"
-            variant += f"-reranked-d{params.rerank.depth}-{params.rerank.fusion.value}{weight}"
+            k = f"{params.rerank.rrf_k}" if params.rerank.fusion is RerankFusion.RRF else ""
+            variant += f"-reranked-d{params.rerank.depth}-{params.rerank.fusion.value}{k}{weight}"
     sentence_model = None
     if args.sentence_model:
         if args.scorer != "cross-encoder":

@@ -71,6 +71,7 @@ def main() -> None:
     settings = load_settings()
     params = settings.params()
     rrf_k = args.rrf_k if args.rrf_k is not None else params.rerank.rrf_k
+    weight = params.rerank.weight_for(1.0)  # LLMFRAME_RERANKER_WEIGHT, else at home (the model's own corpus)
     dataset = load_beir(Path(args.dataset), args.split)
     config = read_card(Path(args.model[0])).get("config") or {}
     _, held = split_queries(list(dataset.queries), config.get("validation_fraction", 0.1), config.get("seed", 13))
@@ -80,7 +81,7 @@ def main() -> None:
     qrels = {q: dataset.qrels[q] for q in held}
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {settings.threads} ONNX Runtime threads; "
           f"{len(held)} held-out {dataset.name} {args.split} queries (seed {config.get('seed', 13)}), hybrid nDCG@10 "
-          f"{ndcg10(hybrid, qrels):.4f}; RRF k {rrf_k}")
+          f"{ndcg10(hybrid, qrels):.4f}; RRF k {rrf_k}; the cross-encoder's weight {weight:g}")
     kinds = (RerankFusion.SCORE, RerankFusion.RRF, RerankFusion.NONE)
     label = "/".join("ce" if kind is RerankFusion.NONE else kind.value for kind in kinds)
     print(f"{'model':<28} {'prec':<5} {'len':>4} {'pairs/s':>8} " + " ".join(f"{'d' + str(d) + ' ' + label:>22}" for d in depths))
@@ -97,7 +98,7 @@ def main() -> None:
                 for depth in depths:
                     steps = RerankParams(depth=depth, rrf_k=rrf_k)
                     figures = [
-                        per_query_ndcg10({q: steps.apply(dataset.queries[q], hits, scores[q][:depth], fusion) for q, hits in hybrid.items()}, qrels)
+                        per_query_ndcg10({q: steps.apply(dataset.queries[q], hits, scores[q][:depth], fusion, weight) for q, hits in hybrid.items()}, qrels)
                         for fusion in kinds
                     ]
                     fused[(depth,)] = figures[kinds.index(params.rerank.fusion)]

@@ -186,8 +186,9 @@ class Hit(_Reducible):
     """One search result.
 
     `score` is the final score of the mode (BM25 score, cosine similarity, or fused RRF score;
-    after reranking, the cross-encoder's score for the reranked head, while hits below the
-    rerank depth keep their retrieval score: the order is `rank`, not `score`);
+    after reranking, the reranked head's fused score (retrieve/rerank.py; the cross-encoder's
+    own with fusion `none`), while hits below the rerank depth keep their retrieval score: the
+    order is `rank`, not `score`);
     `ranks` maps each ranker that found this item to its 1-based rank there.
     """
 

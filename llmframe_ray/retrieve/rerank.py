@@ -6,7 +6,8 @@ The first `depth` hits are rescored by the cross-encoder, then ordered by one of
   linearly onto [0, 1] over the head (its best 1, its worst 0), added with the weights below.
   The cross-encoder then corrects the first stage by as much as it is sure: a wide margin moves
   a hit, near-equal scores leave the first stage's order (README "Reranking": chosen over RRF on
-  held-out SciFact train claims);
+  held-out SciFact train claims). A head of two maps each list onto {0, 1}, so there, as with
+  RRF, the cross-encoder reorders only with a weight above 1;
 - `rrf`: Reciprocal Rank Fusion of the two orders (k = LLMFRAME_RERANKER_RRF_K), which keeps
   ranks only;
 - `none`: the cross-encoder's order alone (ties keep their incoming order).
@@ -62,10 +63,10 @@ class RerankParams:
     the evaluation all apply it through these methods)."""
 
     enabled: bool = False
-    depth: int = 25  # README "Reranking": the one-standard-error rule on held-out train queries (LLMFRAME_RERANKER_DEPTH)
+    depth: int = 25  # README "Reranking": held-out train queries and other corpora (LLMFRAME_RERANKER_DEPTH)
     fusion: RerankFusion = RerankFusion.SCORE
     rrf_k: int = 20
-    weight: float | None = None  # the cross-encoder's RRF weight; None: by domain (domain_weight)
+    weight: float | None = None  # the cross-encoder's weight in the fusion; None: by domain (domain_weight)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fusion", RerankFusion.from_str(self.fusion))
@@ -91,8 +92,8 @@ class RerankParams:
         weight: float = 1.0,
     ) -> list[Hit]:
         """The hits with the head reordered by its cross-encoder `scores` (of `passages`), the
-        cross-encoder's order counted with `weight` in the fusion (`weight_for` gives it);
-        `fusion` overrides the configured one."""
+        cross-encoder counted with `weight` in the fusion (`weight_for` gives it); `fusion`
+        overrides the configured one."""
         fusion = self.fusion if fusion is None else fusion
         return rerank_hits(query, hits, None, self.depth, fusion, self.rrf_k, scores=scores, weight=weight)
 
@@ -111,8 +112,11 @@ def rerank_hits(
     """Rerank the head; `scores` (the cross-encoder's scores of the head, in order) skips the
     model call, so one scoring pass can give every fused order. `weight`: the cross-encoder's
     weight in the fusion (the first stage's is 1); `rrf_k`: RRF's k."""
+    fusion = RerankFusion.from_str(fusion)
     if depth < 1:
         raise ValueError(f"rerank depth must be >= 1, got {depth}")
+    if weight < 0:
+        raise ValueError(f"the reranker's fusion weight must be >= 0, got {weight}")
     head, tail = list(hits[:depth]), list(hits[depth:])
     if not head:
         return []
@@ -128,7 +132,7 @@ def rerank_hits(
         final = [(i, float(scores[i])) for i in order]
     elif fusion is RerankFusion.SCORE:
         final = score_fusion([h.score for h in head], scores, weight)
-    else:
+    else:  # RRF, the only other member
         lists = [
             RankedList(RERANK, tuple(f"{i:06d}" for i in order), tuple(float(scores[i]) for i in order)),
             RankedList(FIRST_STAGE, tuple(f"{i:06d}" for i in range(len(head))), tuple(h.score for h in head)),

@@ -236,6 +236,20 @@ def test_score_fusion_puts_both_lists_on_one_scale():
     assert [h.doc_id for h in out] == ["a", "d", "b", "c", "e"]
 
 
+def test_fusion_is_named_or_refused():
+    hits = [hit(d, i) for i, d in enumerate(["a", "b", "c"], 1)]
+    encoder = ScriptedEncoder({"a": 0.0, "b": 1.0, "c": 5.0})
+    by_name = rerank_hits("q", hits, encoder, depth=3, fusion="score", weight=2.0)
+    assert by_name == rerank_hits("q", hits, encoder, depth=3, fusion=RerankFusion.SCORE, weight=2.0)
+    assert [h.doc_id for h in by_name] == ["c", "a", "b"]  # a 1 + 0; b 0.25 + 2 * 0.2; c 0 + 2
+    with pytest.raises(ValueError, match="^unknown rerank fusion 'nearest'; valid rerank fusions: score, rrf, none$"):
+        rerank_hits("q", hits, encoder, depth=3, fusion="nearest")
+    with pytest.raises(ValueError, match="^unknown rerank fusion 10; "):  # not an RRF k, as the argument once was
+        rerank_hits("q", hits, encoder, depth=3, fusion=10)
+    with pytest.raises(ValueError, match="^the reranker's fusion weight must be >= 0, got -0.5$"):
+        rerank_hits("q", hits, encoder, depth=3, fusion=RerankFusion.SCORE, weight=-0.5)
+
+
 def test_score_fusion_edges():
     assert score_fusion([0.3], [7.0], 1.0) == [(0, 0.0)]  # one hit: nothing to order
     # equal cross-encoder scores order nothing: the first stage's order stays, ties in incoming order
