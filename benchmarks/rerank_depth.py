@@ -8,12 +8,13 @@ The queries are the tenth of the split that `train-reranker` holds out (same see
 the first model's card), so no model trained with that card's settings has seen them. Each
 query's hybrid top max(depths) documents are scored once per variant; depth d reorders the
 first d of them (scores fused with the hybrid order's, as served by default; RRF of the two
-orders; the cross-encoder alone) and keeps the rest in hybrid order. Scores of a pair do not depend on the other pairs of its batch
-beyond float rounding, so one pass serves every depth. Prints nDCG@10 per depth and pairs/s,
-and per variant the depth the one-standard-error rule picks for the configured order
-(LLMFRAME_RERANKER_FUSION): the least
-depth whose mean nDCG@10 is within one standard error (of a query's paired difference) of the
-best depth's (`eval/trec.py: within_one_error`, the rule that chose the graph weight).
+orders; the cross-encoder alone) and keeps the rest in hybrid order. Scores of a pair do not
+depend on the other pairs of its batch beyond float rounding, so one pass serves every depth.
+Prints nDCG@10 per depth and pairs/s, and per variant the depth the one-standard-error rule
+picks for the configured order (LLMFRAME_RERANKER_FUSION, at LLMFRAME_RERANKER_WEIGHT or the
+home weight 1): the least depth whose mean nDCG@10 is within one standard error (of a query's
+paired difference) of the best depth's (`eval/trec.py: within_one_error`, the rule that chose
+the graph weight).
 """
 
 from __future__ import annotations
