@@ -136,7 +136,7 @@ def ingest(
     delete: Optional[List[str]] = typer.Option(None, "--delete", help="Remove this document id; repeat for several."),
     namespace: str = typer.Option("default", "--namespace", help="The namespace (tenant) the documents and --delete ids belong to."),
     adapt_reranker: Optional[Path] = typer.Option(None, "--adapt-reranker", help="Then train a reranker for this corpus from pseudo-queries (train-reranker --index INDEX --synthetic) into this folder."),
-    adapt_teacher: Optional[Path] = typer.Option(None, "--adapt-teacher", help="With --adapt-reranker: a trained reranker folder to distil from."),
+    adapt_teacher: Optional[Path] = typer.Option(None, "--adapt-teacher", help="With --adapt-reranker: a trained reranker to adapt to this corpus (start from it, distil from it, its titles as pseudo-queries); with --adapt-layers, a MiniLM student distilled from it."),
     adapt_layers: Optional[int] = typer.Option(None, "--adapt-layers", min=1, max=6, help="With --adapt-reranker: layers of MiniLM to keep (default all 6)."),
     graph: Optional[bool] = typer.Option(None, "--graph/--no-graph", help="Build the new version's knowledge graph (entities, relations, communities) for the graph and hybrid-graph strategies. Default: if the previous version has one."),
     graph_extractor: str = typer.Option("offline", "--graph-extractor", help="offline (no key), or llm (the provider chain; answers cached by chunk, cost in the report)."),
@@ -197,7 +197,9 @@ def ingest(
         folder, built_graph, built = ensure_graph(index, embed=load_embedder(params.embedder).embed)
         typer.echo(f"knowledge graph {'built' if built else 'already there'}: {built_graph.sizes()}", err=True)
     if adapt_reranker is not None:  # the optional step: a reranker at home in this corpus
-        _train_reranker(None, index, "train", adapt_reranker, adapt_teacher, 1000, layers=adapt_layers)
+        from llmframe_ray.train.synthetic import adaptation
+
+        _train_reranker(None, index, "train", adapt_reranker, adapt_teacher, **adaptation(adapt_teacher, adapt_layers))
     raise typer.Exit(result.exit_code)
 
 
@@ -302,7 +304,7 @@ def train_reranker_command(
     index: Optional[Path] = typer.Option(None, "--index", help="With --synthetic, instead of --dataset: an index directory (your own corpus, as ingested)."),
     split: str = typer.Option("train", "--split", help="Judgments to train on (never test)."),
     out: Path = typer.Option(..., "--out", help="Model folder to write."),
-    epochs: int = typer.Option(2, "--epochs", min=1),
+    epochs: Optional[int] = typer.Option(None, "--epochs", min=1, help="Passes over the training groups [default: 2; 1 with --synthetic]."),
     seed: int = typer.Option(13, "--seed"),
     negatives: int = typer.Option(4, "--negatives", min=1, help="Hard negatives per positive."),
     max_length: int = typer.Option(192, "--max-length", min=16, max=512),
@@ -311,15 +313,15 @@ def train_reranker_command(
     teacher: Optional[Path] = typer.Option(None, "--teacher", help="A trained reranker folder whose scores of the training pairs are soft labels too (distillation)."),
     distill_weight: float = typer.Option(0.5, "--distill-weight", min=0.0, max=1.0, help="With --teacher: the soft loss's share."),
     synthetic: bool = typer.Option(False, "--synthetic", help="No judgments: train on pseudo-queries made from the corpus (its documents' titles, or sentences); --split is not read."),
-    synthetic_queries: int = typer.Option(1000, "--synthetic-queries", min=1, help="With --synthetic: how many pseudo-queries."),
-    pseudo_queries: str = typer.Option("sentence", "--pseudo-queries", help="With --synthetic: sentence (one sentence taken out of its document), title (each document's title of 3+ words, or its first sentence where it has no title, with 20+ words left; every passage read without its title), or auto: titles when at least half the documents have one."),
+    synthetic_queries: int = typer.Option(1500, "--synthetic-queries", min=1, help="With --synthetic: at most this many pseudo-queries (one per document)."),
+    pseudo_queries: str = typer.Option("auto", "--pseudo-queries", help="With --synthetic: title (each document's title of 3+ words, or its first sentence where it has no title, with 20+ words left; every passage read without its title), sentence (one sentence taken out of its document), or auto: titles when at least half the documents have one."),
     init: Optional[Path] = typer.Option(None, "--init", help="Start from this reranker folder (made by train-reranker; its layers) instead of MiniLM: e.g. adapt a trained model to a corpus with --synthetic."),
     rationales: bool = typer.Option(False, "--rationales", help="Also train on the dataset's rationale sentences (rationales/, SciFact's layout): the sentence scores that contextual compression reads."),
     held_out: float = typer.Option(0.1, "--held-out", min=0.0, max=0.9, help="Share of the split's queries held out from training (seeded): the card's validation."),
     average_last: float = typer.Option(0.0, "--average-last", min=0.0, max=0.95, help="Export the mean of the weights over this last share of the steps (e.g. 0.5: the second of two epochs) instead of the last step's."),
 ) -> None:
     """Fine-tune a cross-encoder reranker from the bundled MiniLM (or --init M); export ONNX fp32 + int8."""
-    from llmframe_ray.train.synthetic import PseudoQueries
+    from llmframe_ray.train.synthetic import SYNTHETIC_EPOCHS, PseudoQueries
 
     if (dataset is None) == (index is None):
         _fail("give exactly one of --dataset DIR (a BEIR folder) or --index DIR (with --synthetic)")
@@ -328,7 +330,8 @@ def train_reranker_command(
     except ValueError as exc:
         _fail(f"--pseudo-queries: {exc}")
     _train_reranker(
-        dataset, index, split, out, teacher, synthetic_queries if synthetic else None, epochs=epochs, seed=seed,
+        dataset, index, split, out, teacher, synthetic_queries if synthetic else None, seed=seed,
+        epochs=epochs or (SYNTHETIC_EPOCHS if synthetic else 2),
         negatives=negatives, max_length=max_length, max_steps=max_steps, layers=layers, distill_weight=distill_weight,
         rationales=rationales, validation_fraction=held_out, average_last=average_last,
         pseudo_queries=source, init=init,
@@ -337,7 +340,7 @@ def train_reranker_command(
 
 def _train_reranker(
     dataset: Path | None, index: Path | None, split: str, out: Path, teacher: Path | None,
-    synthetic_queries: int | None, rationales: bool = False, pseudo_queries: Any = "sentence",
+    synthetic_queries: int | None, rationales: bool = False, pseudo_queries: Any = "auto",
     init: Path | None = None, **config: Any,
 ) -> None:
     from llmframe_ray.train.reranker import TrainConfig

@@ -99,7 +99,7 @@ def train_reranker(
     synthetic_queries: int | None = None,
     index_dir: Path | None = None,
     rationales: bool = False,
-    pseudo_queries: PseudoQueries = PseudoQueries.SENTENCE,
+    pseudo_queries: PseudoQueries = PseudoQueries.AUTO,
     init: Path | None = None,
 ) -> dict:
     """Train a reranker on `split` of a BEIR folder; return the model card written. With a

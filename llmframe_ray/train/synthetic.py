@@ -1,8 +1,8 @@
 """Training data for a reranker from a corpus alone: pseudo-queries, no relevance judgments.
 
 Most users have no judgments for their own corpus. `train-reranker --synthetic` makes them a
-training set from the documents themselves, in one of two ways (`PseudoQueries`: `sentence`,
-the default; `title`; or `auto`, titles where most documents have one):
+training set from the documents themselves, in one of two ways (`PseudoQueries`: `title`;
+`sentence`; or `auto`, the default: titles where most documents have one):
 
     title
       a seeded sample of documents whose title has 3 or more words (a document with no title
@@ -39,7 +39,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Sequence
+from typing import Any, Sequence
 
 from llmframe_ray.eval.beir import BeirDataset
 from llmframe_ray.index.domain import SYNTHETIC
@@ -56,6 +56,8 @@ MIN_BODY_WORDS = 20  # what must remain of a document read without its title
 
 TITLED_SHARE = 0.5  # auto: titles when at least this share of the documents can give one
 AUTO_SAMPLE = 2000  # documents (a seeded sample) that auto looks at in a larger corpus
+SYNTHETIC_QUERIES = 1500  # the default: every titled document of the bundled collections but HotpotQA's
+SYNTHETIC_EPOCHS = 1  # the default with pseudo-queries (2 with judgments)
 
 
 class PseudoQueries(Choice):
@@ -154,7 +156,7 @@ def untitled(corpus: BeirDataset, keep: set[str] | None = None) -> BeirDataset:
 
 
 def synthetic_dataset(
-    corpus: BeirDataset, max_queries: int, seed: int, source: PseudoQueries = PseudoQueries.SENTENCE
+    corpus: BeirDataset, max_queries: int, seed: int, source: PseudoQueries = PseudoQueries.AUTO
 ) -> tuple[BeirDataset, dict[str, str]]:
     """Pseudo-queries for up to `max_queries` documents of `corpus` (a seeded sample), as a
     dataset judged by source document, and each pseudo-query's positive passage (for a
@@ -234,3 +236,16 @@ def corpus_of_index(index_dir: Path) -> BeirDataset:
 def without_sentences(groups: Sequence[Group], positives: dict[str, str]) -> list[Group]:
     """Groups whose positive passage is its document without the pseudo-query's sentence."""
     return [replace(group, positive=positives[group.query_id]) for group in groups]
+
+
+def adaptation(teacher: Path | None, layers: int | None) -> dict[str, Any]:
+    """train-reranker's settings for `ingest --adapt-reranker` (README "Reranking out of its
+    domain"): pseudo-queries as `train-reranker --synthetic` makes them by default (titles where
+    most documents have one, up to SYNTHETIC_QUERIES, SYNTHETIC_EPOCHS). Given a teacher and no
+    layer count, the teacher itself is adapted (training starts from its weights): the recipe
+    that put the SciFact model above hybrid on all four other collections. With a layer count, a
+    student of that many MiniLM layers is distilled from it instead."""
+    return {
+        "init": teacher if layers is None else None, "layers": layers, "pseudo_queries": PseudoQueries.AUTO,
+        "synthetic_queries": SYNTHETIC_QUERIES, "epochs": SYNTHETIC_EPOCHS,
+    }

@@ -17,7 +17,7 @@ from llmframe_ray.models.cross_encoder import read_card
 from llmframe_ray.train import reranker as reranker_module
 from llmframe_ray.train.reranker import TrainConfig
 from llmframe_ray.train.run import train_reranker
-from llmframe_ray.train.synthetic import PseudoQueries, pick_sentence, pick_title, sentences, synthetic_dataset
+from llmframe_ray.train.synthetic import SYNTHETIC_EPOCHS, SYNTHETIC_QUERIES, PseudoQueries, pick_sentence, pick_title, sentences, synthetic_dataset
 from llmframe_ray.types import Document
 
 DOCS = {
@@ -272,16 +272,57 @@ def test_the_command_passes_the_pseudo_query_source_and_the_model_to_start_from(
     from llmframe_ray.train import run
 
     calls = []
-    monkeypatch.setattr(run, "train_reranker", lambda *a, **k: calls.append(k) or {"steps": 0, "data": {"groups": 0}})
+    monkeypatch.setattr(run, "train_reranker", lambda dataset, split, out, config, *a, **k:
+                        calls.append({**k, "epochs": config.epochs}) or {"steps": 0, "data": {"groups": 0}})
     args = ["train-reranker", "--dataset", str(tmp_path), "--out", str(tmp_path / "m"), "--synthetic"]
     assert CliRunner().invoke(cli.app, args).exit_code == 0
-    assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.SENTENCE, None)  # as before titles
+    assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.AUTO, None)  # titles where there are
+    assert (calls[-1]["synthetic_queries"], calls[-1]["epochs"]) == (SYNTHETIC_QUERIES, SYNTHETIC_EPOCHS) == (1500, 1)
+    judged = CliRunner().invoke(cli.app, [a for a in args if a != "--synthetic"])
+    assert judged.exit_code == 0 and (calls[-1]["synthetic_queries"], calls[-1]["epochs"]) == (None, 2)
     given = CliRunner().invoke(cli.app, [*args, "--pseudo-queries", "Title", "--init", str(tmp_path / "start")])
     assert given.exit_code == 0, given.output
     assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.TITLE, tmp_path / "start")
     refused = CliRunner().invoke(cli.app, [*args, "--pseudo-queries", "headings"])
-    assert refused.exit_code == 2 and len(calls) == 2
+    assert refused.exit_code == 2 and len(calls) == 3
     assert "error: --pseudo-queries: unknown pseudo-query source 'headings'; valid pseudo-query sources: auto, title, sentence" in refused.output
+
+
+def test_ingest_adapts_a_teacher_with_the_measured_recipe(tmp_path, monkeypatch):
+    """`ingest --adapt-reranker OUT --adapt-teacher M` adapts M itself (starts from it); with
+    --adapt-layers a student from MiniLM is distilled from M instead; either way (and with no
+    teacher) from `train-reranker --synthetic`'s default pseudo-queries: titles where the corpus
+    has them, up to 1,500, one epoch. The training runs once the job is done."""
+    from typer.testing import CliRunner
+
+    from llmframe_ray import cli
+    from llmframe_ray.batch import job
+    from llmframe_ray.batch.report import IngestResult
+    from llmframe_ray.train import run
+
+    order = []
+    monkeypatch.setattr(job, "ingest", lambda sources, index, params, **k: order.append("ingest") or IngestResult(index, "v1", None))
+    monkeypatch.setattr(run, "train_reranker", lambda dataset, split, out, config, *a, **k:
+                        order.append((dataset, out, config.epochs, config.layers, k)) or {"steps": 0, "data": {"groups": 0}})
+    index, out, teacher = tmp_path / "index", tmp_path / "adapted", tmp_path / "teacher"
+    args = ["ingest", str(tmp_path), "--index", str(index), "--adapt-reranker", str(out), "--adapt-teacher", str(teacher)]
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert order[0] == "ingest" and order[1][:4] == (None, out, 1, None)
+    passed = order[1][4]
+    assert (passed["index_dir"], passed["teacher"], passed["init"]) == (index, teacher, teacher)
+    assert (passed["pseudo_queries"], passed["synthetic_queries"]) == (PseudoQueries.AUTO, 1500)
+    order.clear()
+    result = CliRunner().invoke(cli.app, [*args, "--adapt-layers", "3"])
+    assert result.exit_code == 0, result.output
+    assert order[1][:4] == (None, out, 1, 3)
+    passed = order[1][4]
+    assert (passed["teacher"], passed["init"], passed["pseudo_queries"], passed["synthetic_queries"]) == (
+        teacher, None, PseudoQueries.AUTO, 1500)
+    order.clear()
+    result = CliRunner().invoke(cli.app, args[:-2])
+    assert result.exit_code == 0, result.output
+    assert order[1][:4] == (None, out, 1, None) and (order[1][4]["teacher"], order[1][4]["init"]) == (None, None)
 
 
 def test_ingest_can_end_by_adapting_a_reranker_to_the_corpus(corpus_dir, model_dir, tmp_path, monkeypatch, embedder):
@@ -312,4 +353,6 @@ def test_ingest_can_end_by_adapting_a_reranker_to_the_corpus(corpus_dir, model_d
     card = read_card(out)
     assert card["data"]["dataset"] == "index" and card["data"]["split"] == "synthetic"
     assert card["layers"] == [5] and card["data"]["train_queries"] == 6  # every document but "short"
+    # one-word titles: `auto`, the default, takes a sentence of each document
+    assert card["data"]["pseudo_queries"].startswith("one sentence (5-40 words, not the title) of each of 6 documents")
     assert f"wrote {out}: " in result.output
