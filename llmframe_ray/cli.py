@@ -157,6 +157,11 @@ def ingest(
 
     if adapt_reranker is None and (adapt_teacher is not None or adapt_layers is not None):
         _fail("--adapt-teacher and --adapt-layers go with --adapt-reranker OUT")
+    adapting: dict = {}
+    if adapt_reranker is not None:  # checked before the job: the training is its last step
+        from llmframe_ray.train.synthetic import adaptation
+
+        adapting = adaptation(adapt_teacher, adapt_layers)
     from llmframe_ray.index.metadata import FilterError, check_namespace, internal_id
 
     try:
@@ -197,9 +202,7 @@ def ingest(
         folder, built_graph, built = ensure_graph(index, embed=load_embedder(params.embedder).embed)
         typer.echo(f"knowledge graph {'built' if built else 'already there'}: {built_graph.sizes()}", err=True)
     if adapt_reranker is not None:  # the optional step: a reranker at home in this corpus
-        from llmframe_ray.train.synthetic import adaptation
-
-        _train_reranker(None, index, "train", adapt_reranker, adapt_teacher, **adaptation(adapt_teacher, adapt_layers))
+        _train_reranker(None, index, "train", adapt_reranker, adapt_teacher, **adapting)
     raise typer.Exit(result.exit_code)
 
 

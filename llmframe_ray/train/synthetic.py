@@ -41,11 +41,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Sequence
 
+from llmframe_ray.errors import ModelError
 from llmframe_ray.eval.beir import BeirDataset
 from llmframe_ray.index.domain import SYNTHETIC
 from llmframe_ray.index.versions import IndexDirectory
 from llmframe_ray.models.passage_window import sentences
 from llmframe_ray.train.reranker import Group
+from llmframe_ray.train.warm_start import init_layers
 from llmframe_ray.types import Choice, Chunk, Document, passage_text
 
 SPLIT = SYNTHETIC
@@ -56,7 +58,7 @@ MIN_BODY_WORDS = 20  # what must remain of a document read without its title
 
 TITLED_SHARE = 0.5  # auto: titles when at least this share of the documents can give one
 AUTO_SAMPLE = 2000  # documents (a seeded sample) that auto looks at in a larger corpus
-SYNTHETIC_QUERIES = 1500  # the default: every titled document of the bundled collections but HotpotQA's
+SYNTHETIC_QUERIES = 1500  # the default: every titled document of Cranfield, CISI and Medline
 SYNTHETIC_EPOCHS = 1  # the default with pseudo-queries (2 with judgments)
 
 
@@ -244,7 +246,16 @@ def adaptation(teacher: Path | None, layers: int | None) -> dict[str, Any]:
     most documents have one, up to SYNTHETIC_QUERIES, SYNTHETIC_EPOCHS). Given a teacher and no
     layer count, the teacher itself is adapted (training starts from its weights): the recipe
     that put the SciFact model above hybrid on all four other collections. With a layer count, a
-    student of that many MiniLM layers is distilled from it instead."""
+    student of that many MiniLM layers is distilled from it instead. Checked here, before the
+    ingestion runs: a teacher to adapt must be a folder that train-reranker made."""
+    if teacher is not None and layers is None:
+        try:
+            init_layers(teacher)
+        except ModelError as exc:
+            raise ModelError(
+                f"--adapt-teacher {teacher} cannot be adapted: it is not a reranker made by train-reranker (it needs "
+                "model.onnx and a card with its layers); give --adapt-layers N to distil an N-layer MiniLM student from it"
+            ) from exc
     return {
         "init": teacher if layers is None else None, "layers": layers, "pseudo_queries": PseudoQueries.AUTO,
         "synthetic_queries": SYNTHETIC_QUERIES, "epochs": SYNTHETIC_EPOCHS,

@@ -6,6 +6,7 @@ import json
 import random
 import re
 import shutil
+import sys
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from llmframe_ray.config import load_settings
 from llmframe_ray.eval.beir import load_beir, load_corpus
 from llmframe_ray.eval.runner import check_reranker_data
-from llmframe_ray.models.cross_encoder import read_card
+from llmframe_ray.models.cross_encoder import CARD_FILE, read_card
 from llmframe_ray.train import reranker as reranker_module
 from llmframe_ray.train.reranker import TrainConfig
 from llmframe_ray.train.run import train_reranker
@@ -142,9 +143,9 @@ def test_title_pseudo_queries_train_on_passages_without_titles(corpus_dir, model
 
 def test_synthetic_dataset_is_seeded_and_judged_by_source(corpus_dir):
     corpus = load_corpus(corpus_dir)
-    dataset, positives = synthetic_dataset(corpus, 4, seed=3)
-    again, _ = synthetic_dataset(corpus, 4, seed=3)
-    other, _ = synthetic_dataset(corpus, 6, seed=4)
+    dataset, positives = synthetic_dataset(corpus, 4, seed=3, source=PseudoQueries.SENTENCE)
+    again, _ = synthetic_dataset(corpus, 4, seed=3, source=PseudoQueries.SENTENCE)
+    other, _ = synthetic_dataset(corpus, 6, seed=4, source=PseudoQueries.SENTENCE)
     assert dict(dataset.queries) == dict(again.queries) and dataset.qrels_sha256 == again.qrels_sha256
     assert len(dataset.queries) == 4 and len(other.queries) == 6  # "short" never qualifies
     assert dataset.split == "synthetic" and dataset.corpus_sha256 == corpus.corpus_sha256
@@ -170,6 +171,7 @@ def test_train_on_a_corpus_without_judgments(corpus_dir, model_dir, tmp_path_fac
     card = train_reranker(
         corpus_dir, "train", out, config, lambda line: None, embedder=params.embedder, index=params.index,
         indexes_dir=params.indexes_dir, retrieval=params.retrieval, rerank_rrf_k=params.rerank.rrf_k, synthetic_queries=5,
+        pseudo_queries=PseudoQueries.SENTENCE,
     )
     assert card == read_card(out) and "validation" not in card
     assert card["data"]["split"] == "synthetic" and card["data"]["train_queries"] == 5 and card["data"]["validation_queries"] == 0
@@ -280,15 +282,17 @@ def test_the_command_passes_the_pseudo_query_source_and_the_model_to_start_from(
     assert (calls[-1]["synthetic_queries"], calls[-1]["epochs"]) == (SYNTHETIC_QUERIES, SYNTHETIC_EPOCHS) == (1500, 1)
     judged = CliRunner().invoke(cli.app, [a for a in args if a != "--synthetic"])
     assert judged.exit_code == 0 and (calls[-1]["synthetic_queries"], calls[-1]["epochs"]) == (None, 2)
+    for given in (["--synthetic"], []):
+        assert CliRunner().invoke(cli.app, [*args[:-1], *given, "--epochs", "3"]).exit_code == 0 and calls[-1]["epochs"] == 3
     given = CliRunner().invoke(cli.app, [*args, "--pseudo-queries", "Title", "--init", str(tmp_path / "start")])
     assert given.exit_code == 0, given.output
     assert (calls[-1]["pseudo_queries"], calls[-1]["init"]) == (PseudoQueries.TITLE, tmp_path / "start")
     refused = CliRunner().invoke(cli.app, [*args, "--pseudo-queries", "headings"])
-    assert refused.exit_code == 2 and len(calls) == 3
+    assert refused.exit_code == 2 and len(calls) == 5
     assert "error: --pseudo-queries: unknown pseudo-query source 'headings'; valid pseudo-query sources: auto, title, sentence" in refused.output
 
 
-def test_ingest_adapts_a_teacher_with_the_measured_recipe(tmp_path, monkeypatch):
+def test_ingest_adapts_a_teacher_with_the_measured_recipe(tmp_path, monkeypatch, capsys):
     """`ingest --adapt-reranker OUT --adapt-teacher M` adapts M itself (starts from it); with
     --adapt-layers a student from MiniLM is distilled from M instead; either way (and with no
     teacher) from `train-reranker --synthetic`'s default pseudo-queries: titles where the corpus
@@ -306,6 +310,16 @@ def test_ingest_adapts_a_teacher_with_the_measured_recipe(tmp_path, monkeypatch)
                         order.append((dataset, out, config.epochs, config.layers, k)) or {"steps": 0, "data": {"groups": 0}})
     index, out, teacher = tmp_path / "index", tmp_path / "adapted", tmp_path / "teacher"
     args = ["ingest", str(tmp_path), "--index", str(index), "--adapt-reranker", str(out), "--adapt-teacher", str(teacher)]
+    teacher.mkdir()
+    (teacher / "model.onnx").write_bytes(b"")  # a folder from elsewhere: no card with its layers
+    monkeypatch.setattr(sys, "argv", ["llmframe-ray", *args])
+    with pytest.raises(SystemExit) as exited:
+        cli.main()
+    assert exited.value.code == 2 and order == []  # refused before the job runs
+    assert capsys.readouterr().err == (
+        f"error: --adapt-teacher {teacher} cannot be adapted: it is not a reranker made by train-reranker (it needs "
+        "model.onnx and a card with its layers); give --adapt-layers N to distil an N-layer MiniLM student from it\n")
+    (teacher / CARD_FILE).write_text(json.dumps({"layers": [0, 1, 2, 3, 4, 5]}))
     result = CliRunner().invoke(cli.app, args)
     assert result.exit_code == 0, result.output
     assert order[0] == "ingest" and order[1][:4] == (None, out, 1, None)
