@@ -11,7 +11,7 @@ back, client c starting at query c*n/N: over HTTP to the served app (benchmarks/
 keep-alive connection per client, key in X-API-Key),
 and as direct `RagService.search` calls over LocalStages in this process (the path the HTTP app
 runs, without Ray, HTTP or JSON). `hybrid+rerank` asks for rerank: true, so the server reranks
-its default depth (LLMFRAME_RERANKER_DEPTH, 50) of hybrid hits.
+its default depth (LLMFRAME_RERANKER_DEPTH, 25) of hybrid hits.
 
 A cell is one warm-up request per client (all at once), then `repeats` back-to-back windows of
 `seconds`. Clients never pause between windows. Throughput of a window = requests that completed
@@ -699,7 +699,8 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {cpu_description()}, {os.cpu_count()} cores ({cores} usable by this "
           f"process), python {platform.python_version()}, ray {importlib.metadata.version('ray')}")
     print(f"served: {args.url}, {served}")
-    print(f"in-process: {local}; reranker {args.reranker}")
+    reranks = not args.skip_inprocess and any(MODES[m][1] for m in args.modes)
+    print(f"in-process: {local}; reranker {args.reranker if reranks else 'none (no rerank mode)'}")
     print(f"{len(queries)} SciFact test queries, top_k {args.top_k}, {args.repeats} x {args.seconds:g} s windows "
           f"per cell (req/s: median over windows; p50/p99: all successful requests of the cell)")
     references: list[dict[str, float]] = []
