@@ -38,6 +38,7 @@ from llmframe_ray.eval.runner import cached_index  # noqa: E402
 from llmframe_ray.eval.trec import score_per_query, within_one_error, write_run  # noqa: E402
 from llmframe_ray.models.cross_encoder import CrossEncoder, read_card  # noqa: E402
 from llmframe_ray.models.embedder import load_embedder  # noqa: E402
+from llmframe_ray.models.two_tower import TwoTowerScorer  # noqa: E402
 from llmframe_ray.retrieve.pipeline import Pipeline  # noqa: E402
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams  # noqa: E402
 from llmframe_ray.train.reranker import split_queries  # noqa: E402
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--depths", default="10,20,30,40,50")
     parser.add_argument("--dataset", default=str(ROOT.parent / "shared" / "eval" / "scifact"))
     parser.add_argument("--split", default="train")
+    parser.add_argument("--towers", action="store_true", help="score with each model's two towers (models/two_tower.py)")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs per ONNX Runtime call")
     parser.add_argument("--rrf-k", type=int, default=None, help="default: LLMFRAME_RERANKER_RRF_K")
     args = parser.parse_args()
@@ -91,7 +93,8 @@ def main() -> None:
     for model in args.model:
         for precision in args.precision or ["fp32", "int8"]:
             for max_length in args.max_length or [None]:
-                encoder = CrossEncoder(Path(model), precision=precision, threads=settings.threads, max_length=max_length, batch_size=args.batch_size)
+                kind = TwoTowerScorer if args.towers else CrossEncoder
+                encoder = kind(Path(model), precision=precision, threads=settings.threads, max_length=max_length, batch_size=args.batch_size)
                 started = time.perf_counter()
                 scores = {q: encoder.score(dataset.queries[q], [h.passage for h in hits[:deepest]]) for q, hits in hybrid.items()}
                 rate = sum(len(s) for s in scores.values()) / (time.perf_counter() - started)
@@ -104,7 +107,7 @@ def main() -> None:
                     ]
                     fused[(depth,)] = figures[kinds.index(params.rerank.fusion)]
                     cells.append("/".join(f"{f.mean():.4f}" for f in figures))
-                print(f"{Path(model).name:<28} {precision:<5} {encoder.max_length:>4} {rate:>8.1f} " + " ".join(f"{c:>22}" for c in cells))
+                print(f"{Path(model).name + (' (towers)' if args.towers else ''):<28} {precision:<5} {encoder.max_length:>4} {rate:>8.1f} " + " ".join(f"{c:>22}" for c in cells))
                 best, error, near = within_one_error(fused)
                 rules.append((Path(model).name, precision, encoder.max_length, best[0], float(fused[best].mean()), error, near))
     print(f"one-standard-error rule, the configured order ({params.rerank.fusion.value}; the least depth within one standard error of the best):")

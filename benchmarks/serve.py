@@ -26,6 +26,8 @@ in-flight request: Retriever requests per batch; Reranker calls per batch / pair
 the replica that answers /v1/stats: approximate with several Ingress replicas), and pairs its
 score cache answered: the cells send the same queries again, so measure the model's speed with
 the server's cache off (LLMFRAME_RERANKER_CACHE_SIZE=0, as above; the in-process side has none).
+A two-tower reranker (models/two_tower.py) also says how many of the passages it looked up had
+their vector kept (LLMFRAME_RERANKER_VECTOR_CACHE; 0: every passage encoded on every request).
 
 Also printed: a reference row (the bare encoder, measured while the server is idle, first and
 again last; the goals use the better of the two, since the machine's speed drifts), CPU
@@ -213,7 +215,11 @@ def batch_columns(before: dict | None, after: dict | None) -> tuple[str, str]:
     if reranker <= 0:
         return enc, "-"
     column = f"{delta('Reranker', 'calls') / reranker:.2f} / {delta('Reranker', 'items') / reranker:.1f}"
-    return enc, column + f" / {delta('Reranker', 'cache_hits')}"
+    column += f" / {delta('Reranker', 'cache_hits')}"
+    looked_up = delta("Reranker", "vector_hits") + delta("Reranker", "vector_misses")
+    if looked_up > 0:  # a two-tower reranker (models/two_tower.py): passages whose vector was kept
+        column += f" / {delta('Reranker', 'vector_hits')} of {looked_up} vectors kept"
+    return enc, column
 
 
 Stats = Callable[[], Awaitable[dict | None]]

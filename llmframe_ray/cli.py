@@ -297,7 +297,7 @@ def eval_command(
     if encoder is not None:
         similarity = pipeline.domain_similarity()
         home = "set" if params.rerank.weight is not None else "unknown" if similarity is None else f"{similarity:.3f}"
-        typer.echo(f"reranker: {encoder.model_dir} ({encoder.precision.value}, depth {params.rerank.depth}, max length "
+        typer.echo(f"reranker: {encoder.model_dir} ({encoder.precision.value}{encoder.form_note}, depth {params.rerank.depth}, max length "
                    f"{encoder.max_length}, {params.rerank.fusion.value} fusion, weight {pipeline.rerank_weight:.3f}; domain similarity {home})")
 
 

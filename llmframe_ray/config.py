@@ -99,8 +99,7 @@ class Settings(PipelineSettings):
     hybrid_search_enabled: bool = Field(
         True, validation_alias=_env("HYBRID_SEARCH_ENABLED", "HYBRID_SEARCH_ENABLED")
     )
-    # Hybrid defaults chosen on SciFact *train* judgments (benchmarks/fusion_sweep.py);
-    # RRF itself (retrieve/fusion.py) keeps the classic k = 60 as its default.
+    # Hybrid defaults chosen on SciFact *train* judgments (benchmarks/fusion_sweep.py; RRF's own default k: 60)
     rrf_k: int = Field(20, ge=0, validation_alias=_env("RRF_K"))
     bm25_weight: float = Field(1.0, ge=0, validation_alias=_env("BM25_WEIGHT"))
     dense_weight: float = Field(1.0, ge=0, validation_alias=_env("DENSE_WEIGHT"))
@@ -112,7 +111,9 @@ class Settings(PipelineSettings):
     graph_max_seed_chunks: int = Field(20, ge=1, validation_alias=_env("GRAPH_MAX_SEED_CHUNKS"))
     graph_name_match: float | None = Field(None, ge=-1, le=1, validation_alias=_env("GRAPH_NAME_MATCH"))  # cosine; unset: off
 
-    # Reranking: a cross-encoder rescores the top `reranker_depth` hits
+    # Reranking: a cross-encoder rescores the top `reranker_depth` hits (kept per reranker:
+    # (query, passage) scores, so a repeated query is not rescored, and a two-tower reranker's
+    # passage vectors: models/two_tower.py; towers false: the pair model; size 0: none)
     reranker_enabled: bool = Field(False, validation_alias=_env("RERANKER_ENABLED", "RERANKER_ENABLED"))
     reranker_model: str = Field("cross-encoder/ms-marco-MiniLM-L-6-v2", validation_alias=_env("RERANKER_MODEL"))
     reranker_revision: str | None = Field(None, validation_alias=_env("RERANKER_REVISION"))
@@ -121,17 +122,16 @@ class Settings(PipelineSettings):
     reranker_depth: int = Field(RerankParams.depth, ge=1, le=1000, validation_alias=_env("RERANKER_DEPTH"))
     reranker_batch_size: int = Field(32, ge=1, le=1024, validation_alias=_env("RERANKER_BATCH_SIZE"))
     reranker_max_length: int | None = Field(None, ge=8, le=512, validation_alias=_env("RERANKER_MAX_LENGTH"))
-    # (query, passage) scores kept per reranker, so a repeated query is not rescored; 0: none
     reranker_cache_size: int = Field(20000, ge=0, le=10_000_000, validation_alias=_env("RERANKER_CACHE_SIZE"))
-    # a passage too long for the pair: its best-matching sentences (true) or its head (false)
-    reranker_window: bool = Field(False, validation_alias=_env("RERANKER_WINDOW"))
+    reranker_towers: bool = Field(True, validation_alias=_env("RERANKER_TOWERS"))
+    reranker_vector_cache: int = Field(50_000, ge=0, le=10_000_000, validation_alias=_env("RERANKER_VECTOR_CACHE"))
+    reranker_window: bool = Field(False, validation_alias=_env("RERANKER_WINDOW"))  # long passages: best sentences
     # Reranker down or too slow: first-stage order with a warning (true) or a 503 (false)
     reranker_fail_open: bool = Field(True, validation_alias=_env("RERANKER_FAIL_OPEN"))
     # score (the scores on [0, 1] added), rrf (k: RERANKER_RRF_K) or none (retrieve/rerank.py)
     reranker_fusion: RerankFusion = Field(RerankFusion.SCORE, validation_alias=_env("RERANKER_FUSION"))
     reranker_rrf_k: int = Field(20, ge=0, validation_alias=_env("RERANKER_RRF_K"))
-    # the cross-encoder's weight in that fusion; unset: by its distance from its training corpus
-    reranker_weight: float | None = Field(None, ge=0, le=100, validation_alias=_env("RERANKER_WEIGHT"))
+    reranker_weight: float | None = Field(None, ge=0, le=100, validation_alias=_env("RERANKER_WEIGHT"))  # unset: by domain
 
     # Ingestion job (Ray Data)
     ingest_batch_size: int = Field(256, ge=1, le=65536, validation_alias=_env("INGEST_BATCH_SIZE"))
@@ -298,7 +298,7 @@ class Settings(PipelineSettings):
                 onnx_file=self.reranker_onnx_file, precision=self.reranker_precision,
                 batch_size=self.reranker_batch_size, max_length=self.reranker_max_length,
                 threads=self.num_threads, spinning=self.ort_spinning, cache_size=self.reranker_cache_size,
-                window=self.reranker_window,
+                window=self.reranker_window, towers=self.reranker_towers, vector_cache=self.reranker_vector_cache,
             ),
             service=ServiceParams(
                 default_mode=default_mode,

@@ -117,6 +117,8 @@ class ScoreCache:
 class CrossEncoder:
     """Relevance scores for (query, passage) pairs from an ONNX sequence classifier."""
 
+    form_note = ""  # how the scores are made, beside the precision in reports (two_tower.py: " two towers")
+
     def __init__(
         self,
         model_dir: Path,

@@ -31,6 +31,7 @@ ENCODER_ATTENTION = "eager"  # recorded in export.json as "attention"; see the m
 EXPORT_FILES = ("tokenizer.json", "config.json")
 EXPORT_INFO = "export.json"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+POOLED_OUTPUTS = ("logits", "vector")  # one row per input: (batch, ...), no sequence axis
 
 
 def bundled_minilm_path() -> Path:
@@ -77,7 +78,7 @@ def export_graph(model, path: Path, output_name: str) -> None:
         torch.zeros((2, 8), dtype=torch.long),
     )
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
-    axes[output_name] = {0: "batch"} if output_name == "logits" else {0: "batch", 1: "sequence"}
+    axes[output_name] = {0: "batch"} if output_name in POOLED_OUTPUTS else {0: "batch", 1: "sequence"}
     was_training = model.training
     model.eval()
     try:

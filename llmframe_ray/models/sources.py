@@ -15,6 +15,7 @@ from pathlib import Path
 from llmframe_ray.errors import ModelError
 from llmframe_ray.models.cross_encoder import CrossEncoder, Precision
 from llmframe_ray.models.runtime import PREPACKED_DIR, available_threads
+from llmframe_ray.models.two_tower import DEFAULT_VECTOR_CACHE, TwoTowerScorer, has_towers
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DEFAULT_HUB_ONNX_FILE = "onnx/model.onnx"
@@ -112,6 +113,8 @@ class RerankerModelParams:
     spinning: bool = True  # ONNX Runtime's idle threads spin-wait (runtime.create_session)
     cache_size: int = 0  # (query, passage) scores kept (CrossEncoder: ScoreCache); 0: none
     window: bool = False  # long passages: their best-matching sentences (passage_window.py)
+    towers: bool = True  # a folder with two towers is scored by them (two_tower.py), unless `window`
+    vector_cache: int = DEFAULT_VECTOR_CACHE  # two towers: passages' vectors kept; 0: none
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", Precision.from_str(self.precision))
@@ -122,8 +125,10 @@ class RerankerModelParams:
 
 def load_reranker(
     params: RerankerModelParams, spec: str | Path | None = None, precision: str | Precision | None = None
-) -> CrossEncoder:
-    """The cross-encoder `params` name (or `spec`), resolved, downloaded once, and loaded."""
+) -> CrossEncoder | TwoTowerScorer:
+    """The cross-encoder `params` name (or `spec`), resolved, downloaded once, and loaded: from
+    its two towers where the folder has them, `params.towers` is on and no passage window is
+    asked for (a window depends on the query, a tower's passage vector must not)."""
     precision = params.precision if precision is None else Precision.from_str(precision)
     source = resolve_model(
         params.model if spec is None else spec,
@@ -135,6 +140,12 @@ def load_reranker(
         raise ModelError(
             f"int8 precision for {source.origin} needs its quantised ONNX file: set "
             "LLMFRAME_RERANKER_ONNX_FILE to that file's path in the repo"
+        )
+    if params.towers and not params.window and source.onnx_file is None and has_towers(source.model_dir):
+        return TwoTowerScorer(
+            source.model_dir, precision=precision, max_length=params.max_length, batch_size=params.batch_size,
+            threads=available_threads(params.threads), spinning=params.spinning,
+            prepacked_dir=Path(params.models_dir) / PREPACKED_DIR, cache_size=params.vector_cache,
         )
     return CrossEncoder(
         source.model_dir,

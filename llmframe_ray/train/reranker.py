@@ -146,6 +146,7 @@ def train(
     import torch
 
     from llmframe_ray.train.distill import distill_loss
+    from llmframe_ray.train.towers import write_towers
     from llmframe_ray.train.warm_start import load_weights
 
     if not groups:
@@ -236,6 +237,7 @@ def train(
     def fill(tmp: Path) -> None:
         export_graph(model, tmp / ONNX_FILES["fp32"], "logits")
         quantize_int8(tmp / ONNX_FILES["fp32"], tmp / ONNX_FILES["int8"])
+        write_towers(model, tmp, config.max_length)  # the same weights read one text at a time
         pair_tokenizer(source).save(str(tmp / "tokenizer.json"))
         model.encoder.config.to_json_file(str(tmp / "config.json"))
         full_card = {
@@ -344,6 +346,13 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT, layers
             )
 
         def forward(self, input_ids, attention_mask, token_type_ids):
+            query, passage = self.segments(input_ids, attention_mask, token_type_ids)
+            cosine = (query * passage).sum(-1, keepdim=True)
+            logits = self.scale * cosine + self.head["interaction"](query * passage)
+            return SequenceClassifierOutput(logits=logits)
+
+        def segments(self, input_ids, attention_mask, token_type_ids):
+            """Each segment's final states, mean-pooled and of unit length: (query, passage)."""
             mask = attention_mask.to(torch.float32)
             second = token_type_ids.to(torch.float32) * mask
             first = mask - second
@@ -366,11 +375,7 @@ def mean_pool_classifier(encoder_dir: Path, gate_init: float = GATE_INIT, layers
                 states = layer(states, (query_side, key_side))
             query = (states * first.unsqueeze(-1)).sum(1) / first.sum(1, keepdim=True).clamp(min=1e-9)
             passage = (states * second.unsqueeze(-1)).sum(1) / second.sum(1, keepdim=True).clamp(min=1e-9)
-            query = torch.nn.functional.normalize(query, dim=-1)
-            passage = torch.nn.functional.normalize(passage, dim=-1)
-            cosine = (query * passage).sum(-1, keepdim=True)
-            logits = self.scale * cosine + self.head["interaction"](query * passage)
-            return SequenceClassifierOutput(logits=logits)
+            return torch.nn.functional.normalize(query, dim=-1), torch.nn.functional.normalize(passage, dim=-1)
 
     return SegmentGatedScorer()
 

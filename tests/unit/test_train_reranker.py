@@ -33,7 +33,8 @@ def trained(dataset_dir, settings, tmp_path_factory):
 def test_model_folder_and_card(trained, dataset_dir):
     out, card = trained
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "model.int8.onnx", "model.onnx", "reranker.json", "tokenizer.json"
+        "config.json", "model.int8.onnx", "model.onnx", "reranker.json", "tokenizer.json",
+        "tower.int8.onnx", "tower.json", "tower.onnx",
     ]
     assert card == read_card(out)
     assert card["steps"] == 2 and card["max_length"] == 48 and card["config"]["seed"] == 7
@@ -152,7 +153,7 @@ def test_eval_rerank_mode_writes_runs(trained, dataset_dir, settings, tmp_path):
     # int8: the default precision (auto) takes the trained folder's quantised file; at home:
     # the eval's index is the training corpus's, so its centroid is the card's
     assert result.stdout.splitlines()[-1] == (
-        f"reranker: {out} (int8, depth 3, max length 48, score fusion, weight 1.000; domain similarity 1.000)"
+        f"reranker: {out} (int8 two towers, depth 3, max length 32, score fusion, weight 1.000; domain similarity 1.000)"
     )
     # a reranker trained on these judgments is refused
     refused = subprocess.run(args[:-2] + ["--split", "train"], env=env, capture_output=True, text=True, timeout=300)

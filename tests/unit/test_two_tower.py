@@ -1,0 +1,136 @@
+"""Two-tower reranking (models/two_tower.py, train/towers.py): a trained reranker's query and
+passage sides read alone, passage vectors computed once."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from llmframe_ray.errors import ModelError
+from llmframe_ray.models.cross_encoder import CrossEncoder
+from llmframe_ray.models.sources import RerankerModelParams, load_reranker
+from llmframe_ray.models.two_tower import TOWER_CARD, TOWER_FILES, TwoTowerScorer, has_towers
+from llmframe_ray.serve.reranker import score_each
+from llmframe_ray.train.towers import QUERY_ROOM, add_towers, main
+from llmframe_ray.train.warm_start import load_weights, torch_scores
+from tests.unit.test_warm_start import fresh
+from tests.unit.tiny_beir import CONFIG, TOPICS, tiny_settings, train_tiny, write_tiny_beir
+
+QUERIES = ["why do tides happen", "what makes sourdough rise"]
+PAIRS = [(q, text) for q in QUERIES for text in TOPICS.values()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, model_dir):
+    dataset_dir = write_tiny_beir(tmp_path_factory.mktemp("collection"))
+    settings = tiny_settings(tmp_path_factory.mktemp("home"), model_dir)
+    folder, _ = train_tiny(dataset_dir, settings, tmp_path_factory.mktemp("models") / "tiny-reranker")
+    return folder
+
+
+def shut_gates_scores(folder, pairs):
+    """The trained pair model in torch, its cross-segment gates shut."""
+    model, tokenizer = fresh()
+    load_weights(model, folder, tokenizer)
+    with torch.no_grad():
+        model.gates.fill_(-1e4)
+    return torch_scores(model, tokenizer, pairs)
+
+
+def test_training_writes_towers_that_score_as_the_pair_model_with_its_gates_shut(trained):
+    card = json.loads((trained / TOWER_CARD).read_text())
+    assert has_towers(trained) and (trained / TOWER_FILES["fp32"]).is_file() and (trained / TOWER_FILES["int8"]).is_file()
+    assert card["max_length"] == CONFIG.max_length - QUERY_ROOM and card["layers"] == [0, 1, 2, 3, 4, 5]
+    towers = TwoTowerScorer(trained, precision="fp32", threads=2)
+    assert towers.max_length == 32 and towers.precision.value == "fp32"
+    expected = shut_gates_scores(trained, PAIRS)
+    np.testing.assert_allclose(towers.score_pairs(PAIRS), expected, atol=1e-4)
+    # the gates are nearly shut (-6 at the start), so the pair model is close: scores spanning
+    # about 15 move by at most 0.13 here, and each query's best passage stays the same
+    pair = CrossEncoder(trained, precision="fp32").score_pairs(PAIRS)
+    np.testing.assert_allclose(pair, expected, atol=0.2)
+    assert (pair.reshape(2, -1).argmax(1) == expected.reshape(2, -1).argmax(1)).all()
+    assert towers.score(QUERIES[0], list(TOPICS.values())).tolist() == towers.score_pairs(PAIRS[: len(TOPICS)]).tolist()
+
+
+def test_int8_vectors_do_not_depend_on_their_company_and_are_computed_once(trained):
+    towers = TwoTowerScorer(trained, threads=2)  # auto: the int8 tower
+    assert towers.precision.value == "int8"
+    texts = list(TOPICS.values())
+    together = towers.encode(texts)
+    alone = np.stack([towers.encode([t])[0] for t in texts])
+    np.testing.assert_array_equal(together, alone)
+    np.testing.assert_allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+    first = towers.score_pairs(PAIRS)
+    assert towers.cache.stats() == {"vector_hits": 0, "vector_misses": len(TOPICS), "vector_passages": len(TOPICS)}
+    again = towers.score_pairs(list(reversed(PAIRS)))
+    assert towers.cache.stats() == {"vector_hits": len(TOPICS), "vector_misses": len(TOPICS), "vector_passages": len(TOPICS)}
+    np.testing.assert_array_equal(again[::-1], first)
+    uncached = TwoTowerScorer(trained, threads=1, cache_size=0)
+    assert uncached.cache is None
+    np.testing.assert_array_equal(uncached.score_pairs(PAIRS), first)
+    small = TwoTowerScorer(trained, threads=1, cache_size=2)
+    small.score_pairs(PAIRS[:3])
+    assert len(small.cache) == 2
+    assert towers.score_pairs([]).shape == (0,)
+
+
+def test_load_reranker_takes_the_towers_unless_told_not_to(trained, tiny_reranker_dir, tmp_path):
+    def params(model, **extra):  # prepacked copies under tmp_path, not the working folder
+        return RerankerModelParams(model=str(model), threads=1, models_dir=tmp_path, **extra)
+
+    assert isinstance(load_reranker(params(trained)), TwoTowerScorer)
+    assert isinstance(load_reranker(params(trained, towers=False)), CrossEncoder)
+    # a passage window depends on the query; a tower's passage vector must not
+    assert isinstance(load_reranker(params(trained, window=True)), CrossEncoder)
+    assert isinstance(load_reranker(params(tiny_reranker_dir)), CrossEncoder)
+    chosen = load_reranker(params(trained, vector_cache=7))
+    assert chosen.cache.capacity == 7
+    # the Serve deployment's batch path splits the scores back per request
+    items = [(QUERIES[0], tuple(TOPICS.values())[:2]), (QUERIES[1], tuple(TOPICS.values())[1:4])]
+    scores = score_each(chosen, items)
+    assert scores == [chosen.score(q, list(p)).tolist() for q, p in items]
+
+
+def test_the_command_makes_towers_for_a_folder_trained_before(trained, tmp_path, capsys):
+    older = tmp_path / "older"
+    shutil.copytree(trained, older)
+    for name in (*TOWER_FILES.values(), TOWER_CARD):
+        (older / name).unlink()
+    assert isinstance(load_reranker(RerankerModelParams(model=str(older), threads=1, models_dir=tmp_path)), CrossEncoder)
+    assert main([str(older)]) == 0
+    assert capsys.readouterr().out == f"{older}: tower.onnx, tower.int8.onnx, tower.json\n"
+    assert json.loads((older / TOWER_CARD).read_text()) == json.loads((trained / TOWER_CARD).read_text())
+    np.testing.assert_allclose(
+        TwoTowerScorer(older, precision="fp32").score_pairs(PAIRS),
+        TwoTowerScorer(trained, precision="fp32").score_pairs(PAIRS), atol=1e-5,
+    )
+    assert sorted(p.name for p in older.iterdir() if p.name.startswith(".")) == []
+    add_towers(older)  # again: replaced in place
+    assert has_towers(older)
+
+
+def test_towers_that_do_not_fit_the_folder_are_refused(trained, tmp_path):
+    folder = tmp_path / "copy"
+    shutil.copytree(trained, folder)
+    card = json.loads((folder / TOWER_CARD).read_text())
+    (folder / TOWER_CARD).write_text(json.dumps({**card, "made_from_sha256": "0" * 64}))
+    with pytest.raises(ModelError, match=r"the towers in .* were made from another model.onnx than the one there now; "
+                                         r"make them again: python -m llmframe_ray.train.towers "):
+        TwoTowerScorer(folder)
+    (folder / TOWER_CARD).write_text("{not json")
+    with pytest.raises(ModelError, match="cannot read the two-tower card"):
+        TwoTowerScorer(folder)
+    (folder / TOWER_CARD).write_text(json.dumps({**card, "weights": []}))
+    with pytest.raises(ModelError, match="`weights` must be a non-empty list of numbers"):
+        TwoTowerScorer(folder)
+    (folder / TOWER_CARD).write_text(json.dumps({**card, "weights": card["weights"][:-1]}))
+    with pytest.raises(ModelError, match=r"the tower gave vectors of shape \(1, 384\), its head has 383 weights"):
+        TwoTowerScorer(folder, precision="fp32").score_pairs(PAIRS[:1])
+    (folder / TOWER_CARD).write_text(json.dumps(card))
+    (folder / TOWER_FILES["int8"]).unlink()
+    assert TwoTowerScorer(folder).precision.value == "fp32"  # auto falls back to what is there
+    with pytest.raises(ModelError, match=r"has no tower.int8.onnx"):
+        TwoTowerScorer(folder, precision="int8")
