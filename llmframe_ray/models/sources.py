@@ -15,7 +15,7 @@ from pathlib import Path
 from llmframe_ray.errors import ModelError
 from llmframe_ray.models.cross_encoder import CrossEncoder, Precision
 from llmframe_ray.models.runtime import PREPACKED_DIR, available_threads
-from llmframe_ray.models.two_tower import DEFAULT_VECTOR_CACHE, TwoTowerScorer, has_towers
+from llmframe_ray.models.two_tower import DEFAULT_VECTOR_CACHE, TOWER_VECTORS_DIR, TwoTowerScorer, has_towers
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 DEFAULT_HUB_ONNX_FILE = "onnx/model.onnx"
@@ -146,6 +146,7 @@ def load_reranker(
             source.model_dir, precision=precision, max_length=params.max_length, batch_size=params.batch_size,
             threads=available_threads(params.threads), spinning=params.spinning,
             prepacked_dir=Path(params.models_dir) / PREPACKED_DIR, cache_size=params.vector_cache,
+            store_dir=Path(params.models_dir) / TOWER_VECTORS_DIR,
         )
     return CrossEncoder(
         source.model_dir,

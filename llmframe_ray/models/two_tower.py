@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,7 @@ TOWER_CARD = "tower.json"
 TOWER_FORMAT = 1
 TOWER_OUTPUT = "vector"
 DEFAULT_VECTOR_CACHE = 50_000  # passages kept: 50,000 x 384 float32 = 77 MB
+TOWER_VECTORS_DIR = "tower-vectors"  # under a models folder: passages' vectors computed ahead, by tower file
 
 
 def has_towers(model_dir: Path) -> bool:
@@ -122,6 +124,32 @@ class VectorCache:
     def stats(self) -> dict[str, int]:
         return {"vector_hits": self.hits, "vector_misses": self.misses, "vector_passages": len(self._vectors)}
 
+    def save(self, path: Path) -> int:
+        """Write every kept vector to `path` (.npz, replaced whole once written); returns how many."""
+        with self._lock:
+            keys = np.frombuffer(b"".join(self._vectors), dtype=np.uint8).reshape(-1, 16)
+            vectors = np.stack(list(self._vectors.values())) if self._vectors else np.empty((0, 0), np.float32)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(staging, "wb") as f:
+            np.savez(f, keys=keys, vectors=vectors)
+        os.replace(staging, path)
+        return len(keys)
+
+    def load(self, path: Path, dim: int) -> int:
+        """Keep the vectors a `save` wrote to `path` (the last `capacity` of them); returns how many."""
+        try:
+            with np.load(path) as data:
+                keys, vectors = data["keys"], data["vectors"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelError(f"cannot read the kept passage vectors {path}: {exc}") from exc
+        if len(keys) and (keys.shape[1:] != (16,) or vectors.shape != (len(keys), dim)):
+            raise ModelError(f"{path} holds vectors of shape {vectors.shape} for {len(keys)} passages; this tower's have {dim} numbers")
+        start = max(0, len(keys) - self.capacity)
+        self.put_many([bytes(k) for k in keys[start:]], vectors[start:].astype(np.float32))
+        return len(keys) - start
+
 
 class TwoTowerScorer:
     """The reranker's scores of (query, passage) pairs from its two towers: the same interface
@@ -140,6 +168,7 @@ class TwoTowerScorer:
         spinning: bool = True,
         prepacked_dir: Path | None = None,
         cache_size: int = DEFAULT_VECTOR_CACHE,
+        store_dir: Path | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         head = read_tower_card(self.model_dir)
@@ -169,6 +198,10 @@ class TwoTowerScorer:
         self._input_names = {i.name for i in self._session.get_inputs()}
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tower") if self.one_by_one and threads > 1 else None
         self.cache = VectorCache(cache_size) if cache_size > 0 else None
+        # passages' vectors computed ahead (`warm`), by the tower file they came from
+        self.store_path = None if store_dir is None else Path(store_dir) / f"{file_sha256(onnx_path)[:16]}.npz"
+        if self.cache is not None and self.store_path is not None and self.store_path.is_file():
+            self.cache.load(self.store_path, self.weights.shape[0])
 
     def _run(self, texts: Sequence[str]) -> np.ndarray:
         batch = pad_encodings(self._tokenizer.encode_batch(list(texts)))
@@ -213,6 +246,25 @@ class TwoTowerScorer:
         out[missing] = fresh
         return out
 
+    def warm(self, passages: Sequence[str], chunk: int = 512, progress=None) -> int:
+        """Compute the vectors of `passages` not kept yet and save every kept vector to the store
+        (`store_dir`), where the next scorer of this tower on this host starts from them; returns
+        how many were computed. `progress(done, total)` after each block of `chunk`."""
+        if self.cache is None or self.store_path is None:
+            raise ModelError("warming needs a vector cache (LLMFRAME_RERANKER_VECTOR_CACHE > 0) and a store folder")
+        if len(set(passages)) > self.cache.capacity:
+            raise ModelError(f"{len(set(passages))} distinct passages do not fit a vector cache of {self.cache.capacity}: "
+                             "raise LLMFRAME_RERANKER_VECTOR_CACHE")
+        todo = [p for p, v in zip(passages, self.cache.get_many([text_key(p) for p in passages])) if v is None]
+        todo = list(dict.fromkeys(todo))
+        for start in range(0, len(todo), chunk):
+            block = todo[start : start + chunk]
+            self.cache.put_many([text_key(p) for p in block], self.encode(block))
+            if progress is not None:
+                progress(start + len(block), len(todo))
+        self.cache.save(self.store_path)
+        return len(todo)
+
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """Scores in input order: each distinct query encoded once, each distinct passage once
         (or not at all where the cache holds it)."""
@@ -231,3 +283,42 @@ class TwoTowerScorer:
 
     def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
         return self.score_pairs([(query, p) for p in passages])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m llmframe_ray.models.two_tower --index DIR [--reranker M]: compute the tower vector
+    of every chunk of the index's served version ahead of serving, so that a reranker on this
+    host (same LLMFRAME_HOME) does not encode them at its first requests."""
+    import argparse
+    import sys
+    import time
+
+    from llmframe_ray.config import load_settings
+    from llmframe_ray.errors import LLMFrameError
+    from llmframe_ray.index.versions import IndexDirectory
+    from llmframe_ray.models.sources import load_reranker
+
+    parser = argparse.ArgumentParser(prog="python -m llmframe_ray.models.two_tower", description=main.__doc__.split(":")[1].strip())
+    parser.add_argument("--index", type=Path, required=True, help="an index folder (e.g. built by `ingest`)")
+    parser.add_argument("--reranker", default=None, help="reranker folder (default: LLMFRAME_RERANKER_MODEL)")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(**({"reranker_model": args.reranker} if args.reranker else {}))
+        scorer = load_reranker(settings.params().reranker_model)
+        if not isinstance(scorer, TwoTowerScorer):
+            raise ModelError(f"{scorer.model_dir} has no two towers (tower.json), or LLMFRAME_RERANKER_TOWERS is off: "
+                             "nothing to compute ahead")
+        loaded = IndexDirectory(args.index).load()
+        passages = [chunk.indexed_text for shard in loaded.shards for chunk in shard.store]
+        started = time.perf_counter()
+        done = scorer.warm(passages, progress=lambda n, total: print(f"  {n}/{total} passages", file=sys.stderr, flush=True))
+    except LLMFrameError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.index}: {len(passages)} chunks, {done} vectors computed in {time.perf_counter() - started:.0f} s; "
+          f"{len(scorer.cache)} kept in {scorer.store_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -134,3 +134,51 @@ def test_towers_that_do_not_fit_the_folder_are_refused(trained, tmp_path):
     assert TwoTowerScorer(folder).precision.value == "fp32"  # auto falls back to what is there
     with pytest.raises(ModelError, match=r"has no tower.int8.onnx"):
         TwoTowerScorer(folder, precision="int8")
+
+
+def test_vectors_computed_ahead_are_read_by_the_next_scorer(trained, tmp_path):
+    store = tmp_path / "tower-vectors"
+    first = TwoTowerScorer(trained, threads=2, store_dir=store)
+    passages = list(TOPICS.values())
+    assert first.warm(passages + passages[:2]) == len(passages)  # each distinct passage once
+    assert first.store_path.parent == store and first.store_path.is_file()
+    assert first.warm(passages) == 0
+    second = TwoTowerScorer(trained, threads=2, store_dir=store)
+    assert len(second.cache) == len(passages)
+    scores = second.score_pairs(PAIRS)
+    assert second.cache.stats() == {"vector_hits": len(passages), "vector_misses": 0, "vector_passages": len(passages)}
+    np.testing.assert_array_equal(scores, first.score_pairs(PAIRS))
+    # each tower file has its own store: the fp32 tower starts empty
+    assert len(TwoTowerScorer(trained, precision="fp32", store_dir=store).cache) == 0
+    # a store larger than the cache keeps its most recent vectors
+    assert len(TwoTowerScorer(trained, store_dir=store, cache_size=3).cache) == 3
+    with pytest.raises(ModelError, match=r"^8 distinct passages do not fit a vector cache of 3: raise LLMFRAME_RERANKER_VECTOR_CACHE$"):
+        TwoTowerScorer(trained, store_dir=tmp_path / "other", cache_size=3).warm(passages)
+    with pytest.raises(ModelError, match="warming needs a vector cache"):
+        TwoTowerScorer(trained).warm(passages)
+    first.store_path.write_bytes(b"not a numpy file")
+    with pytest.raises(ModelError, match="cannot read the kept passage vectors"):
+        TwoTowerScorer(trained, store_dir=store)
+
+
+def test_the_warm_command_computes_every_chunk_of_an_index(trained, tiny_reranker_dir, tmp_path, monkeypatch, embedder, capsys):
+    from llmframe_ray.config import load_settings
+    from llmframe_ray.index.versions import IndexDirectory
+    from llmframe_ray.ingest.build import build_index
+    from llmframe_ray.models import two_tower
+    from llmframe_ray.types import Document
+
+    root = tmp_path / "index"
+    build_index([Document(k, text=t, title=k) for k, t in TOPICS.items()], root, load_settings().params().index, embedder, shards=2)
+    monkeypatch.setenv("LLMFRAME_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LLMFRAME_NUM_THREADS", "2")
+    assert two_tower.main(["--index", str(root), "--reranker", str(trained)]) == 0
+    out = capsys.readouterr().out
+    params = load_settings(reranker_model=str(trained)).params().reranker_model
+    served = load_reranker(params)
+    assert out == f"{root}: {len(TOPICS)} chunks, {len(TOPICS)} vectors computed in 0 s; {len(TOPICS)} kept in {served.store_path}\n"
+    chunks = [c.indexed_text for s in IndexDirectory(root).load().shards for c in s.store]
+    served.score("why do tides happen", chunks)
+    assert served.cache.stats()["vector_misses"] == 0
+    assert two_tower.main(["--index", str(root), "--reranker", str(tiny_reranker_dir)]) == 2
+    assert "has no two towers (tower.json), or LLMFRAME_RERANKER_TOWERS is off: nothing to compute ahead" in capsys.readouterr().err
