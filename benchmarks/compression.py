@@ -224,7 +224,8 @@ def main() -> None:
         from llmframe_ray.models.sources import load_reranker
 
         reranker = load_reranker(load_settings(reranker_model=args.reranker).params().reranker_model, precision=args.precision)
-        variant += f"-{args.scorer}+passages-{Path(args.reranker).name}-{reranker.precision.value}"
+        towers = "-towers" if reranker.form_note else ""  # two towers score passages (and sentences) their own way
+        variant += f"-{args.scorer}+passages-{Path(args.reranker).name}-{reranker.precision.value}{towers}"
         if args.held_out:
             held = held_out_ids(reranker, args.dataset)
             claims = [c for c in claims if str(c["id"]) in held]

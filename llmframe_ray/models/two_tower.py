@@ -320,5 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # run as the package's module, so that its classes are the ones load_reranker returns
+    from llmframe_ray.models.two_tower import main as package_main
+
+    raise SystemExit(package_main())

@@ -3,6 +3,8 @@ passage sides read alone, passage vectors computed once."""
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -172,8 +174,10 @@ def test_the_warm_command_computes_every_chunk_of_an_index(trained, tiny_reranke
     build_index([Document(k, text=t, title=k) for k, t in TOPICS.items()], root, load_settings().params().index, embedder, shards=2)
     monkeypatch.setenv("LLMFRAME_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("LLMFRAME_NUM_THREADS", "2")
-    assert two_tower.main(["--index", str(root), "--reranker", str(trained)]) == 0
-    out = capsys.readouterr().out
+    command = [sys.executable, "-m", "llmframe_ray.models.two_tower", "--index", str(root), "--reranker", str(trained)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
     params = load_settings(reranker_model=str(trained)).params().reranker_model
     served = load_reranker(params)
     assert out == f"{root}: {len(TOPICS)} chunks, {len(TOPICS)} vectors computed in 0 s; {len(TOPICS)} kept in {served.store_path}\n"
