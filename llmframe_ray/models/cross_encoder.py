@@ -67,18 +67,54 @@ def read_card(model_dir: Path) -> dict:
         raise ModelError(f"cannot read the model card {path}: {exc}") from exc
 
 
-class ScoreCache:
-    """Scores of (query, passage) pairs, at most `capacity`, the least recently used dropped
-    first. Keyed by a 128-bit digest of the exact texts; safe to share between threads."""
+class DigestCache:
+    """Values by a 128-bit digest of their texts, at most `capacity`, the least recently used
+    dropped first; safe to share between threads. `what` and `unit` name the cache and its entries."""
+
+    what, unit = "digest cache", "entry"
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
-            raise ValueError(f"a score cache holds at least 1 pair, got capacity {capacity}")
+            raise ValueError(f"a {self.what} holds at least 1 {self.unit}, got capacity {capacity}")
         self.capacity = capacity
         self.hits = 0
         self.misses = 0
-        self._scores: OrderedDict[bytes, float] = OrderedDict()
+        self._values: OrderedDict[bytes, object] = OrderedDict()
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def get_many(self, keys: Sequence[bytes]) -> list:
+        """The value kept for each key, None where there is none (counted as hits and misses)."""
+        with self._lock:
+            found = [self._values.get(k) for k in keys]
+            for k, value in zip(keys, found):
+                if value is not None:
+                    self._values.move_to_end(k)
+            hits = sum(value is not None for value in found)
+            self.hits += hits
+            self.misses += len(keys) - hits
+        return found
+
+    def put_many(self, keys: Sequence[bytes], values: Sequence) -> None:
+        with self._lock:
+            for k, value in zip(keys, values):
+                self._values[k] = self.stored(value)
+                self._values.move_to_end(k)
+            while len(self._values) > self.capacity:
+                self._values.popitem(last=False)
+
+    @staticmethod
+    def stored(value):
+        return value
+
+
+class ScoreCache(DigestCache):
+    """Scores of (query, passage) pairs (DigestCache)."""
+
+    what, unit = "score cache", "pair"
+    stored = staticmethod(float)
 
     @staticmethod
     def key(query: str, passage: str) -> bytes:
@@ -88,30 +124,8 @@ class ScoreCache:
         digest.update(passage.encode("utf-8", "surrogatepass"))
         return digest.digest()
 
-    def __len__(self) -> int:
-        return len(self._scores)
-
-    def get_many(self, keys: Sequence[bytes]) -> list[float | None]:
-        with self._lock:
-            found = [self._scores.get(k) for k in keys]
-            for k, score in zip(keys, found):
-                if score is not None:
-                    self._scores.move_to_end(k)
-            hits = sum(score is not None for score in found)
-            self.hits += hits
-            self.misses += len(keys) - hits
-        return found
-
-    def put_many(self, keys: Sequence[bytes], scores: Sequence[float]) -> None:
-        with self._lock:
-            for k, score in zip(keys, scores):
-                self._scores[k] = float(score)
-                self._scores.move_to_end(k)
-            while len(self._scores) > self.capacity:
-                self._scores.popitem(last=False)
-
     def stats(self) -> dict[str, int]:
-        return {"cache_hits": self.hits, "cache_misses": self.misses, "cache_pairs": len(self._scores)}
+        return {"cache_hits": self.hits, "cache_misses": self.misses, "cache_pairs": len(self)}
 
 
 class CrossEncoder:

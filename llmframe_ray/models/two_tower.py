@@ -26,8 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import threading
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
@@ -35,7 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from llmframe_ray.errors import ModelError
-from llmframe_ray.models.cross_encoder import INT8_SKIPPED_FUSIONS, Precision, read_card
+from llmframe_ray.models.cross_encoder import INT8_SKIPPED_FUSIONS, DigestCache, Precision, read_card
 from llmframe_ray.models.runtime import create_session, load_tokenizer, pad_encodings
 
 TOWER_FILES = {"fp32": "tower.onnx", "int8": "tower.int8.onnx"}
@@ -86,49 +84,19 @@ def text_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-class VectorCache:
-    """Passage vectors by a 128-bit digest of the exact text, at most `capacity`, the least
-    recently used dropped first; safe to share between threads."""
+class VectorCache(DigestCache):
+    """Passage vectors by a 128-bit digest of the exact text (DigestCache)."""
 
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"a vector cache holds at least 1 passage, got capacity {capacity}")
-        self.capacity = capacity
-        self.hits = 0
-        self.misses = 0
-        self._vectors: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._vectors)
-
-    def get_many(self, keys: Sequence[bytes]) -> list[np.ndarray | None]:
-        with self._lock:
-            found = [self._vectors.get(k) for k in keys]
-            for k, vector in zip(keys, found):
-                if vector is not None:
-                    self._vectors.move_to_end(k)
-            hits = sum(vector is not None for vector in found)
-            self.hits += hits
-            self.misses += len(keys) - hits
-        return found
-
-    def put_many(self, keys: Sequence[bytes], vectors: np.ndarray) -> None:
-        with self._lock:
-            for k, vector in zip(keys, vectors):
-                self._vectors[k] = vector
-                self._vectors.move_to_end(k)
-            while len(self._vectors) > self.capacity:
-                self._vectors.popitem(last=False)
+    what, unit = "vector cache", "passage"
 
     def stats(self) -> dict[str, int]:
-        return {"vector_hits": self.hits, "vector_misses": self.misses, "vector_passages": len(self._vectors)}
+        return {"vector_hits": self.hits, "vector_misses": self.misses, "vector_passages": len(self)}
 
     def save(self, path: Path) -> int:
         """Write every kept vector to `path` (.npz, replaced whole once written); returns how many."""
         with self._lock:
-            keys = np.frombuffer(b"".join(self._vectors), dtype=np.uint8).reshape(-1, 16)
-            vectors = np.stack(list(self._vectors.values())) if self._vectors else np.empty((0, 0), np.float32)
+            keys = np.frombuffer(b"".join(self._values), dtype=np.uint8).reshape(-1, 16)
+            vectors = np.stack(list(self._values.values())) if self._values else np.empty((0, 0), np.float32)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
