@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +36,8 @@ import numpy as np
 from llmframe_ray.errors import ModelError
 from llmframe_ray.models.cross_encoder import INT8_SKIPPED_FUSIONS, DigestCache, Precision, read_card
 from llmframe_ray.models.runtime import create_session, load_tokenizer, pad_encodings
+
+logger = logging.getLogger(__name__)
 
 TOWER_FILES = {"fp32": "tower.onnx", "int8": "tower.int8.onnx"}
 TOWER_CARD = "tower.json"
@@ -169,7 +172,10 @@ class TwoTowerScorer:
         # passages' vectors computed ahead (`warm`), by the tower file they came from
         self.store_path = None if store_dir is None else Path(store_dir) / f"{file_sha256(onnx_path)[:16]}.npz"
         if self.cache is not None and self.store_path is not None and self.store_path.is_file():
-            self.cache.load(self.store_path, self.weights.shape[0])
+            try:
+                self.cache.load(self.store_path, self.weights.shape[0])
+            except ModelError as exc:  # the vectors are only ahead of time: serve, computing them again
+                logger.warning("%s; the passages' vectors will be computed as they are asked for", exc)
 
     def _run(self, texts: Sequence[str]) -> np.ndarray:
         batch = pad_encodings(self._tokenizer.encode_batch(list(texts)))

@@ -138,7 +138,7 @@ def test_towers_that_do_not_fit_the_folder_are_refused(trained, tmp_path):
         TwoTowerScorer(folder, precision="int8")
 
 
-def test_vectors_computed_ahead_are_read_by_the_next_scorer(trained, tmp_path):
+def test_vectors_computed_ahead_are_read_by_the_next_scorer(trained, tmp_path, caplog):
     store = tmp_path / "tower-vectors"
     first = TwoTowerScorer(trained, threads=2, store_dir=store)
     passages = list(TOPICS.values())
@@ -158,9 +158,14 @@ def test_vectors_computed_ahead_are_read_by_the_next_scorer(trained, tmp_path):
         TwoTowerScorer(trained, store_dir=tmp_path / "other", cache_size=3).warm(passages)
     with pytest.raises(ModelError, match="warming needs a vector cache"):
         TwoTowerScorer(trained).warm(passages)
+    # a broken store costs the head start, not the service
     first.store_path.write_bytes(b"not a numpy file")
-    with pytest.raises(ModelError, match="cannot read the kept passage vectors"):
-        TwoTowerScorer(trained, store_dir=store)
+    with caplog.at_level("WARNING", logger="llmframe_ray.models.two_tower"):
+        broken = TwoTowerScorer(trained, store_dir=store)
+    assert len(broken.cache) == 0
+    assert caplog.messages[-1].startswith(f"cannot read the kept passage vectors {first.store_path}: ")
+    assert caplog.messages[-1].endswith("; the passages' vectors will be computed as they are asked for")
+    np.testing.assert_array_equal(broken.score_pairs(PAIRS), scores)
 
 
 def test_the_warm_command_computes_every_chunk_of_an_index(trained, tiny_reranker_dir, tmp_path, monkeypatch, embedder, capsys):
