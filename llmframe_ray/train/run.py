@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from llmframe_ray.errors import DatasetError
@@ -16,6 +17,7 @@ from llmframe_ray.index.domain import card_domain, centroid
 from llmframe_ray.models.cross_encoder import CARD_FILE, CrossEncoder, Precision, read_card
 from llmframe_ray.index.params import IndexParams
 from llmframe_ray.models.embedder import EmbedderParams, load_embedder
+from llmframe_ray.models.two_tower import TwoTowerScorer, has_towers
 from llmframe_ray.retrieve.params import RetrievalParams
 from llmframe_ray.retrieve.pipeline import Pipeline
 from llmframe_ray.retrieve.rerank import RerankFusion, RerankParams
@@ -46,17 +48,20 @@ def subset(dataset: BeirDataset, qids: list[str]) -> BeirDataset:
 def validate(
     pipeline: Pipeline, dataset: BeirDataset, model_dir: Path, rrf_k: int, threads: int, work: Path
 ) -> dict[str, dict[str, float]]:
-    """nDCG@10 on held-out queries: hybrid, and hybrid top-30 reranked by fp32 and int8, both
-    by the cross-encoder alone and fused with the hybrid order (RRF, k = `rrf_k`; and scores,
-    weight 1: retrieve/rerank.py)."""
+    """nDCG@10 on held-out queries: hybrid, and hybrid top-30 reranked by fp32 and int8 (and the
+    int8 towers where the folder has them), each by the cross-encoder alone and fused with the
+    hybrid order (RRF, k = `rrf_k`; and scores, weight 1: retrieve/rerank.py)."""
     steps = RerankParams(depth=VALIDATION_DEPTH, rrf_k=rrf_k)
     hybrid = {
         qid: pipeline.search(text, SearchMode.HYBRID, top_k=100, truncate=True, rerank=False)
         for qid, text in dataset.queries.items()
     }
     figures = {"hybrid": _score(work / "hybrid.trec", hybrid, dataset)}
-    for precision in (Precision.FP32, Precision.INT8):
-        encoder = CrossEncoder(model_dir, precision=precision, threads=threads)
+    scorers = {p.value: partial(CrossEncoder, model_dir, precision=p, threads=threads) for p in (Precision.FP32, Precision.INT8)}
+    if has_towers(model_dir):  # what serving runs by default: the int8 towers (models/two_tower.py)
+        scorers["towers-int8"] = partial(TwoTowerScorer, model_dir, precision=Precision.INT8, threads=threads, cache_size=0)
+    for label, make in scorers.items():
+        encoder = make()
         started = time.perf_counter()
         scores = {qid: encoder.score(dataset.queries[qid], steps.passages(hits)) for qid, hits in hybrid.items()}
         reranked = {
@@ -64,15 +69,15 @@ def validate(
             for qid, hits in hybrid.items()
         }
         seconds = time.perf_counter() - started
-        figures[f"rerank-{precision.value}"] = {
-            **_score(work / f"rerank-{precision.value}.trec", reranked, dataset),
+        figures[f"rerank-{label}"] = {
+            **_score(work / f"rerank-{label}.trec", reranked, dataset),
             "pairs_per_s": round(sum(min(len(h), VALIDATION_DEPTH) for h in hybrid.values()) / seconds, 1),
         }
         for fusion in (RerankFusion.RRF, RerankFusion.SCORE):
             fused = {
                 qid: steps.apply(dataset.queries[qid], hits, scores[qid], fusion) for qid, hits in hybrid.items()
             }
-            name = f"rerank-{precision.value}-{fusion.value}"
+            name = f"rerank-{label}-{fusion.value}"
             figures[name] = _score(work / f"{name}.trec", fused, dataset)
     return figures
 

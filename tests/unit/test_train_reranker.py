@@ -47,7 +47,7 @@ def test_model_folder_and_card(trained, dataset_dir):
     assert np.linalg.norm(card["domain"]["centroid"]) == pytest.approx(1.0, abs=1e-4)
     assert set(card["validation"]) == {
         "queries", "depth", "hybrid", "rerank-fp32", "rerank-int8", "rerank-fp32-rrf", "rerank-int8-rrf",
-        "rerank-fp32-score", "rerank-int8-score",
+        "rerank-fp32-score", "rerank-int8-score", "rerank-towers-int8", "rerank-towers-int8-rrf", "rerank-towers-int8-score",
     }
     assert not any(p.name.startswith(".") for p in out.parent.iterdir())
 
