@@ -365,11 +365,10 @@ def _train_reranker(
 
 
 from llmframe_ray.cli_graph import graph_app  # noqa: E402  (the `graph` commands)
-from llmframe_ray.cli_serve import mcp_command, serve_command  # noqa: E402  (`serve` and `mcp`)
+from llmframe_ray.cli_serve import register  # noqa: E402  (`serve`, `mcp` and `rerank-vectors`)
 
 app.add_typer(graph_app, name="graph")
-app.command("serve")(serve_command)
-app.command("mcp")(mcp_command)
+register(app)
 
 
 def _click_error(exc: Exception) -> bool:

@@ -1,5 +1,6 @@
-"""`llmframe-ray serve` (the Serve app on a local Ray or RAY_ADDRESS) and `llmframe-ray mcp` (the
-agent tools over a served app); registered on the main command in cli.py."""
+"""`llmframe-ray serve` (the Serve app on a local Ray or RAY_ADDRESS), `llmframe-ray mcp` (the
+agent tools over a served app) and `llmframe-ray rerank-vectors` (a two-tower reranker's passage
+vectors, ahead of serving); registered on the main command in cli.py (`register`)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,38 @@ def mcp_command(
     from llmframe_ray.tools.mcp_server import run
 
     run(url, None, http, host)
+
+
+def rerank_vectors_command(
+    index: Path = typer.Option(..., "--index", help="Index directory (e.g. built by `ingest`); its served version's chunks are read."),
+    reranker: Optional[str] = typer.Option(None, "--reranker", help="Reranker folder with two towers (default: LLMFRAME_RERANKER_MODEL)."),
+) -> None:
+    """Compute a two-tower reranker's vector of every chunk of the index ahead of serving, so that
+    a reranker of that tower on this host (same LLMFRAME_HOME) does not encode them at its first
+    requests (models/two_tower.py)."""
+    import sys
+    import time
+
+    from llmframe_ray.config import load_settings
+    from llmframe_ray.errors import ModelError
+    from llmframe_ray.index.versions import IndexDirectory
+    from llmframe_ray.models.sources import load_reranker
+    from llmframe_ray.models.two_tower import TwoTowerScorer
+
+    settings = load_settings(**({"reranker_model": reranker} if reranker else {}))
+    scorer = load_reranker(settings.params().reranker_model)
+    if not isinstance(scorer, TwoTowerScorer):
+        raise ModelError(f"{scorer.model_dir} has no two towers (tower.json), or LLMFRAME_RERANKER_TOWERS is off: "
+                         "nothing to compute ahead")
+    loaded = IndexDirectory(index).load()
+    passages = [chunk.indexed_text for shard in loaded.shards for chunk in shard.store]
+    started = time.perf_counter()
+    done = scorer.warm(passages, progress=lambda n, total: print(f"  {n}/{total} passages", file=sys.stderr, flush=True))
+    typer.echo(f"{index}: {len(passages)} chunks, {done} vectors computed in {time.perf_counter() - started:.0f} s; "
+               f"{len(scorer.cache)} kept in {scorer.store_path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)
+    app.command("mcp")(mcp_command)
+    app.command("rerank-vectors")(rerank_vectors_command)

@@ -44,7 +44,7 @@ TOWER_CARD = "tower.json"
 TOWER_FORMAT = 1
 TOWER_OUTPUT = "vector"
 DEFAULT_VECTOR_CACHE = 50_000  # passages kept: 50,000 x 384 float32 = 77 MB
-TOWER_VECTORS_DIR = "tower-vectors"  # under a models folder: passages' vectors computed ahead, by tower file
+TOWER_VECTORS_DIR = "tower-vectors"  # under a models folder: passages' vectors computed ahead (`llmframe-ray rerank-vectors`), by tower file
 
 
 def has_towers(model_dir: Path) -> bool:
@@ -258,43 +258,3 @@ class TwoTowerScorer:
     def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
         return self.score_pairs([(query, p) for p in passages])
 
-
-def main(argv: list[str] | None = None) -> int:
-    """python -m llmframe_ray.models.two_tower --index DIR [--reranker M]: compute the tower vector
-    of every chunk of the index's served version ahead of serving, so that a reranker on this
-    host (same LLMFRAME_HOME) does not encode them at its first requests."""
-    import argparse
-    import sys
-    import time
-
-    from llmframe_ray.config import load_settings
-    from llmframe_ray.errors import LLMFrameError
-    from llmframe_ray.index.versions import IndexDirectory
-    from llmframe_ray.models.sources import load_reranker
-
-    parser = argparse.ArgumentParser(prog="python -m llmframe_ray.models.two_tower", description=main.__doc__.split(":")[1].strip())
-    parser.add_argument("--index", type=Path, required=True, help="an index folder (e.g. built by `ingest`)")
-    parser.add_argument("--reranker", default=None, help="reranker folder (default: LLMFRAME_RERANKER_MODEL)")
-    args = parser.parse_args(argv)
-    try:
-        settings = load_settings(**({"reranker_model": args.reranker} if args.reranker else {}))
-        scorer = load_reranker(settings.params().reranker_model)
-        if not isinstance(scorer, TwoTowerScorer):
-            raise ModelError(f"{scorer.model_dir} has no two towers (tower.json), or LLMFRAME_RERANKER_TOWERS is off: "
-                             "nothing to compute ahead")
-        loaded = IndexDirectory(args.index).load()
-        passages = [chunk.indexed_text for shard in loaded.shards for chunk in shard.store]
-        started = time.perf_counter()
-        done = scorer.warm(passages, progress=lambda n, total: print(f"  {n}/{total} passages", file=sys.stderr, flush=True))
-    except LLMFrameError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{args.index}: {len(passages)} chunks, {done} vectors computed in {time.perf_counter() - started:.0f} s; "
-          f"{len(scorer.cache)} kept in {scorer.store_path}")
-    return 0
-
-
-if __name__ == "__main__":  # run as the package's module, so that its classes are the ones load_reranker returns
-    from llmframe_ray.models.two_tower import main as package_main
-
-    raise SystemExit(package_main())

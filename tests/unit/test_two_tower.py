@@ -168,26 +168,28 @@ def test_vectors_computed_ahead_are_read_by_the_next_scorer(trained, tmp_path, c
     np.testing.assert_array_equal(broken.score_pairs(PAIRS), scores)
 
 
-def test_the_warm_command_computes_every_chunk_of_an_index(trained, tiny_reranker_dir, tmp_path, monkeypatch, embedder, capsys):
+def test_the_rerank_vectors_command_computes_every_chunk_of_an_index(trained, tiny_reranker_dir, tmp_path, monkeypatch, embedder):
     from llmframe_ray.config import load_settings
     from llmframe_ray.index.versions import IndexDirectory
     from llmframe_ray.ingest.build import build_index
-    from llmframe_ray.models import two_tower
     from llmframe_ray.types import Document
 
     root = tmp_path / "index"
     build_index([Document(k, text=t, title=k) for k, t in TOPICS.items()], root, load_settings().params().index, embedder, shards=2)
     monkeypatch.setenv("LLMFRAME_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("LLMFRAME_NUM_THREADS", "2")
-    command = [sys.executable, "-m", "llmframe_ray.models.two_tower", "--index", str(root), "--reranker", str(trained)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    command = [sys.executable, "-m", "llmframe_ray.cli", "rerank-vectors", "--index", str(root), "--reranker"]
+    result = subprocess.run([*command, str(trained)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    out = result.stdout
-    params = load_settings(reranker_model=str(trained)).params().reranker_model
-    served = load_reranker(params)
-    assert out == f"{root}: {len(TOPICS)} chunks, {len(TOPICS)} vectors computed in 0 s; {len(TOPICS)} kept in {served.store_path}\n"
+    served = load_reranker(load_settings(reranker_model=str(trained)).params().reranker_model)
+    assert result.stdout == (
+        f"{root}: {len(TOPICS)} chunks, {len(TOPICS)} vectors computed in 0 s; {len(TOPICS)} kept in {served.store_path}\n"
+    )
     chunks = [c.indexed_text for s in IndexDirectory(root).load().shards for c in s.store]
     served.score("why do tides happen", chunks)
     assert served.cache.stats()["vector_misses"] == 0
-    assert two_tower.main(["--index", str(root), "--reranker", str(tiny_reranker_dir)]) == 2
-    assert "has no two towers (tower.json), or LLMFRAME_RERANKER_TOWERS is off: nothing to compute ahead" in capsys.readouterr().err
+    refused = subprocess.run([*command, str(tiny_reranker_dir)], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr == (
+        f"error: {tiny_reranker_dir} has no two towers (tower.json), or LLMFRAME_RERANKER_TOWERS is off: nothing to compute ahead\n"
+    )
