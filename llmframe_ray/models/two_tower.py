@@ -169,8 +169,9 @@ class TwoTowerScorer:
         self._input_names = {i.name for i in self._session.get_inputs()}
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tower") if self.one_by_one and threads > 1 else None
         self.cache = VectorCache(cache_size) if cache_size > 0 else None
-        # passages' vectors computed ahead (`warm`), by the tower file they came from
-        self.store_path = None if store_dir is None else Path(store_dir) / f"{file_sha256(onnx_path)[:16]}.npz"
+        # passages' vectors computed ahead (`warm`), by the tower file and the length they were read at
+        store_name = f"{file_sha256(onnx_path)[:16]}-{self.max_length}.npz"
+        self.store_path = None if store_dir is None else Path(store_dir) / store_name
         if self.cache is not None and self.store_path is not None and self.store_path.is_file():
             try:
                 self.cache.load(self.store_path, self.weights.shape[0])

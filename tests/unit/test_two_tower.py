@@ -150,8 +150,10 @@ def test_vectors_computed_ahead_are_read_by_the_next_scorer(trained, tmp_path, c
     scores = second.score_pairs(PAIRS)
     assert second.cache.stats() == {"vector_hits": len(passages), "vector_misses": 0, "vector_passages": len(passages)}
     np.testing.assert_array_equal(scores, first.score_pairs(PAIRS))
-    # each tower file has its own store: the fp32 tower starts empty
+    # each tower file and text length has its own store: the fp32 tower starts empty, and so do
+    # texts read at another length
     assert len(TwoTowerScorer(trained, precision="fp32", store_dir=store).cache) == 0
+    assert len(TwoTowerScorer(trained, max_length=24, store_dir=store).cache) == 0
     # a store larger than the cache keeps its most recent vectors
     assert len(TwoTowerScorer(trained, store_dir=store, cache_size=3).cache) == 3
     with pytest.raises(ModelError, match=r"^8 distinct passages do not fit a vector cache of 3: raise LLMFRAME_RERANKER_VECTOR_CACHE$"):
