@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from llmframe_ray.errors import LLMFrameError, ModelError
 from llmframe_ray.models.export import export_graph, quantize_int8
 from llmframe_ray.models.two_tower import TOWER_CARD, TOWER_FILES, TOWER_FORMAT, TOWER_OUTPUT, file_sha256
 
@@ -81,6 +82,10 @@ def add_towers(folder: Path) -> Path:
     from llmframe_ray.train.warm_start import init_layers, load_weights
 
     folder = Path(folder)
+    card = read_card(folder)
+    if not isinstance(card.get("layers"), list) or not (folder / "model.onnx").is_file():
+        raise ModelError(f"{folder} is not a reranker made by train-reranker (it needs model.onnx and a card with "
+                         "its layers): its towers are made from its weights")
     layers = init_layers(folder)
     max_length = int(read_card(folder).get("max_length", 192))
     source = bundled_minilm_path()
@@ -102,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folders", nargs="+", type=Path, help="reranker folders made by train-reranker")
     args = parser.parse_args(argv)
     for folder in args.folders:
-        add_towers(folder)
+        try:
+            add_towers(folder)
+        except LLMFrameError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(f"{folder}: {', '.join((*TOWER_FILES.values(), TOWER_CARD))}")
     return 0
 

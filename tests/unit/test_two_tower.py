@@ -112,6 +112,12 @@ def test_the_command_makes_towers_for_a_folder_trained_before(trained, tmp_path,
     assert sorted(p.name for p in older.iterdir() if p.name.startswith(".")) == []
     add_towers(older)  # again: replaced in place
     assert has_towers(older)
+    capsys.readouterr()
+    assert main([str(tmp_path)]) == 2  # not a reranker folder: said, no traceback
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path} is not a reranker made by train-reranker (it needs model.onnx and a card with its layers): "
+        "its towers are made from its weights\n"
+    )
 
 
 def test_towers_that_do_not_fit_the_folder_are_refused(trained, tmp_path):
