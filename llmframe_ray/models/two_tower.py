@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from llmframe_ray.errors import ModelError
+from llmframe_ray.index.manifest import describe_file
 from llmframe_ray.models.cross_encoder import INT8_SKIPPED_FUSIONS, DigestCache, Precision, read_card
 from llmframe_ray.models.runtime import create_session, load_tokenizer, pad_encodings
 
@@ -53,11 +54,7 @@ def has_towers(model_dir: Path) -> bool:
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return describe_file(path)["sha256"]
 
 
 def read_tower_card(model_dir: Path) -> dict:
@@ -227,14 +224,15 @@ class TwoTowerScorer:
         how many were computed. `progress(done, total)` after each block of `chunk`."""
         if self.cache is None or self.store_path is None:
             raise ModelError("warming needs a vector cache (LLMFRAME_RERANKER_VECTOR_CACHE > 0) and a store folder")
-        if len(set(passages)) > self.cache.capacity:
-            raise ModelError(f"{len(set(passages))} distinct passages do not fit a vector cache of {self.cache.capacity}: "
+        distinct = {text_key(p): p for p in passages}
+        if len(distinct) > self.cache.capacity:
+            raise ModelError(f"{len(distinct)} distinct passages do not fit a vector cache of {self.cache.capacity}: "
                              "raise LLMFRAME_RERANKER_VECTOR_CACHE")
-        todo = [p for p, v in zip(passages, self.cache.get_many([text_key(p) for p in passages])) if v is None]
-        todo = list(dict.fromkeys(todo))
+        keys = list(distinct)
+        todo = [k for k, v in zip(keys, self.cache.get_many(keys)) if v is None]
         for start in range(0, len(todo), chunk):
             block = todo[start : start + chunk]
-            self.cache.put_many([text_key(p) for p in block], self.encode(block))
+            self.cache.put_many(block, self.encode([distinct[k] for k in block]))
             if progress is not None:
                 progress(start + len(block), len(todo))
         self.cache.save(self.store_path)
